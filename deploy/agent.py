@@ -1,0 +1,239 @@
+"""The helper that travels with every run and does the host-side work.
+
+It is copied into the run directory on each host and run there by the host's own Python, so it
+uses the standard library only. Keeping this logic in one program (rather than long shell
+snippets) keeps the remote commands short, quotable, and the same over SSH and locally.
+
+Layout of a run directory (<workdir>/runs/<run-id>/):
+    run.json            {"run_id": ...}: whose directory this is; checked before deleting it
+    tfdeploy_agent.py   this file
+    payload/            the training program
+    output/             TFDEPLOY_OUTPUT_DIR of the tasks
+    worker-<i>.log      stdout+stderr of task i
+    worker-<i>.pid      {"pid", "pgid", "started"} of task i's supervisor (its group leader)
+    worker-<i>.exit     {"code", "ended"}, written by the supervisor when the task ends
+
+Verbs (each prints one JSON document on stdout):
+    launch RUNDIR TASK CWD -- ARGV...   environment as JSON on stdin; starts task detached
+    supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
+    ports RUNDIR COUNT                  free TCP ports, distinct from each other
+    poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
+    stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
+    cleanup RUNDIR GRACE                stop, then delete the run directory
+"""
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+MAX_CHUNK = 1 << 20
+# Variables whose values are paths on this host; a leading ~/ means this host's home.
+PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
+
+
+def task_file(rundir, task, kind):
+    return os.path.join(rundir, "worker-%s.%s" % (task, kind))
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def run_id_of(rundir):
+    doc = read_json(os.path.join(rundir, "run.json"))
+    if not doc or not doc.get("run_id"):
+        raise SystemExit("not a tfdeploy run directory: %s" % rundir)
+    return doc["run_id"]
+
+
+def launch(rundir, task, cwd, argv):
+    doc = json.load(sys.stdin)
+    env = dict(os.environ)
+    for key, value in doc["env"].items():
+        if key in PATH_VARS:
+            value = os.path.expanduser(value)
+        env[key] = value
+    for key in PATH_VARS:
+        if key in env:
+            os.makedirs(env[key], exist_ok=True)
+    log = open(task_file(rundir, task, "log"), "ab")
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "supervise", rundir, task, "--"] + argv,
+        cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True, close_fds=True)
+    info = {"pid": proc.pid, "pgid": proc.pid, "started": time.time()}
+    write_json_atomic(task_file(rundir, task, "pid"), info)
+    return info
+
+
+def supervise(rundir, task, argv):
+    # Stay alive through TERM/INT so the exit code gets recorded; a handler (not SIG_IGN) is
+    # used because ignored signals would be inherited by the training process across exec.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    try:
+        code = subprocess.call(argv)
+    except OSError as exc:
+        print("tfdeploy: cannot start %s: %s" % (argv[0], exc), flush=True)
+        code = 127
+    if code < 0:
+        code = 128 - code
+    write_json_atomic(task_file(rundir, task, "exit"), {"code": code, "ended": time.time()})
+    return {}
+
+
+def free_ports(count):
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("", 0))
+            socks.append(s)
+        return {"ports": [s.getsockname()[1] for s in socks]}
+    finally:
+        for s in socks:
+            s.close()
+
+
+def group_members(pgid, run_id):
+    """Live processes of group `pgid` that belong to this run (by their environment)."""
+    marker = ("TFDEPLOY_RUN_ID=%s" % run_id).encode()
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            return [pgid]
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z" or int(fields[2]) != pgid:
+                continue
+            with open("/proc/%s/environ" % name, "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    members.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
+
+
+def task_indices(rundir):
+    return sorted(int(n[len("worker-"):-len(".pid")]) for n in os.listdir(rundir)
+                  if n.startswith("worker-") and n.endswith(".pid"))
+
+
+def poll(rundir, requests):
+    run_id = run_id_of(rundir)
+    tasks = {}
+    for item in requests:
+        task, offset = item.split(":")
+        offset = int(offset)
+        info = read_json(task_file(rundir, task, "pid"))
+        status = {"state": "pending"}
+        if info:
+            # Liveness first, then the exit file: the supervisor writes it before it exits.
+            alive = bool(group_members(info["pgid"], run_id))
+            ended = read_json(task_file(rundir, task, "exit"))
+            status = {"pid": info["pid"], "started": info["started"]}
+            if ended:
+                status.update(state="exited", code=ended["code"], ended=ended["ended"])
+            else:
+                status["state"] = "running" if alive else "lost"
+        log = task_file(rundir, task, "log")
+        try:
+            size = os.path.getsize(log)
+            with open(log, "rb") as f:
+                f.seek(offset)
+                data = f.read(MAX_CHUNK)
+        except OSError:
+            size, data = 0, b""
+        status.update(size=size, offset=offset + len(data),
+                      data=base64.b64encode(data).decode("ascii"))
+        tasks[task] = status
+    return {"tasks": tasks}
+
+
+def stop(rundir, grace):
+    run_id = run_id_of(rundir)
+    groups = {}
+    for task in task_indices(rundir):
+        info = read_json(task_file(rundir, task, "pid"))
+        if info:
+            groups[task] = info["pgid"]
+    signalled = {}
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        live = {t: g for t, g in groups.items() if group_members(g, run_id)}
+        for task, pgid in live.items():
+            try:
+                os.killpg(pgid, sig)
+                signalled.setdefault(str(task), []).append(signal.Signals(sig).name)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while live and time.time() < deadline:
+            time.sleep(0.05)
+            live = {t: g for t, g in live.items() if group_members(g, run_id)}
+        if not live:
+            break
+    survivors = sorted(p for g in groups.values() for p in group_members(g, run_id))
+    return {"signalled": signalled, "survivors": survivors}
+
+
+def cleanup(rundir, grace):
+    run_id = run_id_of(rundir)
+    real = os.path.realpath(rundir)
+    # Delete only a directory that is provably this run's own: <workdir>/runs/<run-id>.
+    if os.path.basename(real) != run_id or os.path.basename(os.path.dirname(real)) != "runs":
+        raise SystemExit("refusing to delete %s: not a run directory of run %s" % (real, run_id))
+    result = stop(rundir, grace)
+    if not result["survivors"]:
+        import shutil
+        shutil.rmtree(real)
+        result["removed"] = real
+    return result
+
+
+def main(argv):
+    verb, args = argv[0], argv[1:]
+    rest = args[args.index("--") + 1:] if "--" in args else []
+    if verb == "launch":
+        out = launch(args[0], args[1], args[2], rest)
+    elif verb == "supervise":
+        out = supervise(args[0], args[1], rest)
+    elif verb == "ports":
+        out = free_ports(int(args[1]))
+    elif verb == "poll":
+        out = poll(args[0], args[1:])
+    elif verb == "stop":
+        out = stop(args[0], float(args[1]))
+    elif verb == "cleanup":
+        out = cleanup(args[0], float(args[1]))
+    else:
+        raise SystemExit("unknown verb %r" % verb)
+    if verb != "supervise":
+        sys.stdout.write(json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,174 @@
+"""Turn an inventory and options into a plan: per host and task, the exact commands and
+environment it will get. Pure: no clock, no randomness, no network; `--dry-run` prints it and
+the tests compare it with golden files.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from .inventory import EnvValue, Host, Inventory
+from .shell import join, quote, quote_path
+
+AGENT_FILE = "tfdeploy_agent.py"
+PAYLOAD_DIR = "payload"
+OUTPUT_DIR = "output"
+# Ports probed beyond a host's own tasks, so that ports already given to another host that is
+# really the same machine can be skipped without asking again.
+SPARE_PORTS = 4
+
+
+@dataclass(frozen=True)
+class Options:
+    payload: str = "payload"
+    entry: str = "train.py"
+    args: tuple[str, ...] = ()
+    grace: float = 3.0
+
+
+@dataclass(frozen=True)
+class RemoteCommand:
+    """A command line for a host's shell, and what it reads on stdin (never secret in argv)."""
+    line: str
+    stdin: str = ""          # a short description of the stdin, for display
+
+    def __str__(self) -> str:
+        return self.line + (f"    < {self.stdin}" if self.stdin else "")
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    index: int
+    host: Host
+    port: int | None
+    tf_config: Mapping
+    env: Mapping[str, EnvValue]
+    launch: RemoteCommand
+
+    @property
+    def name(self) -> str:
+        return f"worker-{self.index}"
+
+    @property
+    def endpoint(self) -> str:
+        return endpoint(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: Host
+    run_dir: str
+    push: RemoteCommand
+    ports: RemoteCommand
+    tasks: tuple[TaskPlan, ...]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    options: Options
+    hosts: tuple[HostPlan, ...]
+
+    @property
+    def tasks(self) -> tuple[TaskPlan, ...]:
+        return tuple(t for h in self.hosts for t in h.tasks)
+
+    @property
+    def chief(self) -> TaskPlan:
+        return self.tasks[0]
+
+
+def endpoint(host: Host, port: int | None) -> str:
+    return f"{host.tf_address}:{port if port is not None else '<port>'}"
+
+
+def run_dir(host: Host, run_id: str) -> str:
+    return f"{host.workdir}/runs/{run_id}"
+
+
+def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, ...] = ()) -> str:
+    """`<python> <rundir>/tfdeploy_agent.py VERB RUNDIR ARGS... [-- TAIL...]`.
+
+    `args` are paths or numbers (a leading ~/ stays for the host to expand); `tail` comes quoted.
+    """
+    words = [quote_path(host.python), quote_path(f"{rundir}/{AGENT_FILE}"), verb,
+             quote_path(rundir), *(quote_path(a) for a in args)]
+    if tail:
+        words += ["--", *tail]
+    return join(words)
+
+
+def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
+    return host_agent(host, rundir, "poll", *(f"{i}:{o}" for i, o in sorted(offsets.items())))
+
+
+def stop_command(host: Host, rundir: str, grace: float) -> str:
+    return host_agent(host, rundir, "stop", f"{grace:g}")
+
+
+def cleanup_command(host: Host, rundir: str, grace: float) -> str:
+    """Stop and delete the run; a host that never got the run (its push failed) has nothing
+    to clean and answers so, instead of failing."""
+    agent = quote_path(f"{rundir}/{AGENT_FILE}")
+    nothing = quote(json.dumps({"survivors": [], "absent": True}))
+    return (f"if [ -f {agent} ]; then {host_agent(host, rundir, 'cleanup', f'{grace:g}')}; "
+            f"else printf '%s\\n' {nothing}; fi")
+
+
+def fetch_output_command(rundir: str) -> str:
+    out = quote_path(f"{rundir}/{OUTPUT_DIR}")
+    return f"if [ -d {out} ]; then tar -czf - -C {out} .; fi"
+
+
+def tf_config(cluster: list[str], index: int) -> dict:
+    return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+
+
+def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
+             count: int) -> dict[str, EnvValue]:
+    env = {
+        "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
+        # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
+        "TF_USE_LEGACY_KERAS": EnvValue("1"),
+        # Without it, epoch lines sit in a buffer and the live view lags or loses them.
+        "PYTHONUNBUFFERED": EnvValue("1"),
+        "TFDEPLOY_RUN_ID": EnvValue(run_id),
+        "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
+        "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
+        "TFDEPLOY_OUTPUT_DIR": EnvValue(f"{rundir}/{OUTPUT_DIR}"),
+    }
+    env.update(host.env)
+    return env
+
+
+def plan_run(inventory: Inventory, options: Options, run_id: str,
+             ports: Mapping[int, int] | None = None) -> RunPlan:
+    """The whole run. `ports` (task index -> port) is chosen on the hosts at launch; without
+    it the plan shows `<port>` where those numbers will go."""
+    ports = ports or {}
+    slots = [host for host in inventory.hosts for _ in range(host.workers)]
+    cluster = [endpoint(h, ports.get(i)) for i, h in enumerate(slots)]
+    host_plans = []
+    for host in inventory.hosts:
+        rundir = run_dir(host, run_id)
+        tasks = []
+        for _ in range(host.workers):
+            index = sum(len(h.tasks) for h in host_plans) + len(tasks)
+            config = tf_config(cluster, index)
+            argv = (quote_path(host.python), quote(options.entry),
+                    *(quote(a) for a in options.args))
+            launch = host_agent(host, rundir, "launch", str(index), f"{rundir}/{PAYLOAD_DIR}",
+                                tail=argv)
+            tasks.append(TaskPlan(
+                index=index, host=host, port=ports.get(index), tf_config=config,
+                env=task_env(host, run_id, rundir, config, index, len(slots)),
+                launch=RemoteCommand(launch, stdin="environment as JSON")))
+        quoted = quote_path(rundir)
+        host_plans.append(HostPlan(
+            host=host, run_dir=rundir,
+            push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted}",
+                               stdin="tar.gz of payload/, run.json and the agent"),
+            ports=RemoteCommand(host_agent(host, rundir, "ports", str(host.workers + SPARE_PORTS))),
+            tasks=tuple(tasks)))
+    return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

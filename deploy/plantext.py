@@ -1,0 +1,56 @@
+"""The plan as text (for --dry-run) and as a document (for runs/<id>/plan.json).
+
+Secret values appear as *** in both; only the wire carries them.
+"""
+from __future__ import annotations
+
+import json
+
+from .planner import RunPlan
+
+
+def plan_document(plan: RunPlan) -> dict:
+    return {
+        "run_id": plan.run_id,
+        "entry": plan.options.entry,
+        "args": list(plan.options.args),
+        "hosts": [{
+            "name": hp.host.name,
+            "transport": hp.host.transport,
+            "address": hp.host.address,
+            "run_dir": hp.run_dir,
+            "push": str(hp.push),
+            "ports": str(hp.ports),
+            "tasks": [{
+                "task": t.name,
+                "endpoint": t.endpoint,
+                "tf_config": t.tf_config,
+                "env": {k: v.shown() for k, v in t.env.items()},
+                "launch": str(t.launch),
+            } for t in hp.tasks],
+        } for hp in plan.hosts],
+    }
+
+
+def plan_text(plan: RunPlan) -> str:
+    tasks = plan.tasks
+    lines = [f"run {plan.run_id}: {len(tasks)} task(s) on {len(plan.hosts)} host(s); "
+             f"chief is {plan.chief.name} on {plan.chief.host.name}"]
+    if any(t.port is None for t in tasks):
+        lines.append("ports: <port> is chosen on each host at launch (a free port per task)")
+    lines.append("cluster: " + json.dumps(tasks[0].tf_config["cluster"], separators=(",", ":")))
+    for hp in plan.hosts:
+        host = hp.host
+        where = "local subprocesses" if host.transport == "local" else (
+            f"ssh {host.user + '@' if host.user else ''}{host.address}:{host.port}")
+        lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
+                  f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
+        for t in hp.tasks:
+            lines.append(f"  {t.name} at {t.endpoint}")
+            lines.append(f"    launch: {t.launch}")
+            for key, value in t.env.items():
+                lines.append(f"    env {key}={value.shown()}")
+        lines.append(f"  end:    stop tasks (TERM, KILL after {plan.options.grace:g} s), "
+                     f"fetch logs{' and output' if hp.tasks[0] is plan.chief else ''}, "
+                     f"delete {hp.run_dir}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,138 @@
+"""The remote side of one run: every step on every host, over one transport per host.
+
+Each method works on all hosts in parallel and waits for all of them, so a failure on one host
+is reported together with what happened on the others.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Callable, Mapping
+
+from .inventory import Host, Inventory
+from .parallel import HostsFailed, on_all, on_each
+from .planner import (HostPlan, RunPlan, cleanup_command, fetch_output_command, poll_command,
+                      stop_command)
+from .transport import CommandResult, Transport, TransportError, connect
+
+
+class StepFailed(Exception):
+    pass
+
+
+def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
+    if result.code != 0:
+        raise StepFailed(f"{host.label}: {step} failed: {result.error_text()}")
+    return result
+
+
+def agent_json(result: CommandResult, host: Host, step: str) -> dict:
+    checked(result, host, step)
+    try:
+        return json.loads(result.stdout.decode("utf-8").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise StepFailed(f"{host.label}: {step}: unexpected answer "
+                         f"{result.stdout[:200]!r}") from None
+
+
+class Session:
+    def __init__(self, transports: Mapping[str, Transport]):
+        self.transports = dict(transports)
+
+    @classmethod
+    def open(cls, inventory: Inventory, connect_timeout: float,
+             accept_new_host_keys: bool) -> "Session":
+        results, errors = on_each(inventory.hosts, lambda h: h.name,
+                                  lambda h: connect(h, connect_timeout, accept_new_host_keys))
+        if errors:
+            for transport in results.values():
+                transport.close()
+            raise HostsFailed("connecting", errors)
+        return cls(results)
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()
+
+    def _each(self, plans, step: Callable[[HostPlan, Transport], object]):
+        return on_each(plans, lambda hp: hp.host.name,
+                       lambda hp: step(hp, self.transports[hp.host.name]))
+
+    def _all(self, name: str, plans, step: Callable[[HostPlan, Transport], object]):
+        return on_all(name, plans, lambda hp: hp.host.name,
+                      lambda hp: step(hp, self.transports[hp.host.name]))
+
+    def push(self, plan: RunPlan, bundle: bytes) -> None:
+        self._all("pushing the payload", plan.hosts, lambda hp, t: checked(
+            t.run(hp.push.line, stdin=bundle, timeout=600), hp.host, "payload push"))
+
+    def free_ports(self, plan: RunPlan) -> dict[int, int]:
+        """A free port per task, distinct across the whole cluster: TensorFlow binds every
+        interface, so two hosts that are one machine (a loopback lab) must not share one."""
+        answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
+            t.run(hp.ports.line, timeout=60), hp.host, "port probe"))
+        taken: set[int] = set()
+        ports: dict[int, int] = {}
+        for hp in plan.hosts:
+            candidates = [p for p in answers[hp.host.name]["ports"] if p not in taken]
+            if len(candidates) < len(hp.tasks):
+                raise StepFailed(f"{hp.host.label}: could not find {len(hp.tasks)} free ports")
+            for task, port in zip(hp.tasks, candidates):
+                ports[task.index] = port
+                taken.add(port)
+        return ports
+
+    def launch(self, plan: RunPlan) -> None:
+        def start(hp: HostPlan, t: Transport) -> None:
+            for task in hp.tasks:
+                env = json.dumps({"env": {k: v.value for k, v in task.env.items()}})
+                agent_json(t.run(task.launch.line, stdin=env.encode(), timeout=60),
+                           hp.host, f"starting {task.name}")
+        self._all("starting tasks", plan.hosts, start)
+
+    def poll(self, plan: RunPlan, offsets: Mapping[int, int]):
+        """(answers by task index, errors by host name); a host that does not answer this
+        time is reported, not fatal: the next poll may reach it."""
+        def ask(hp: HostPlan, t: Transport) -> dict:
+            mine = {task.index: offsets[task.index] for task in hp.tasks}
+            return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine), timeout=30),
+                              hp.host, "poll")["tasks"]
+        results, errors = self._each(plan.hosts, ask)
+        answers = {int(i): doc for tasks in results.values() for i, doc in tasks.items()}
+        return answers, errors
+
+    def stop(self, plan: RunPlan) -> dict[str, str]:
+        """TERM every task's process group, KILL after the grace period. Returns a problem per
+        host: survivors, or no answer (nothing is assumed gone that was not seen gone)."""
+        return self._ending(plan, lambda hp: stop_command(hp.host, hp.run_dir, plan.options.grace))
+
+    def cleanup(self, plan: RunPlan) -> dict[str, str]:
+        """Stop, then delete each host's run directory; problems by host, as for stop."""
+        return self._ending(plan, lambda hp: cleanup_command(hp.host, hp.run_dir, plan.options.grace))
+
+    def _ending(self, plan: RunPlan, command) -> dict[str, str]:
+        results, errors = self._each(plan.hosts, lambda hp, t: agent_json(
+            t.run(command(hp), timeout=plan.options.grace + 60), hp.host, "teardown"))
+        problems = {name: str(error) for name, error in errors.items()}
+        for name, doc in results.items():
+            if doc.get("survivors"):
+                pids = ", ".join(map(str, doc["survivors"]))
+                problems[name] = f"{name}: processes of the run still alive after SIGKILL: {pids}"
+        return problems
+
+    def fetch_output(self, plan: RunPlan, into: Path) -> int:
+        """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into`; return the number of files."""
+        hp = next(h for h in plan.hosts if plan.chief in h.tasks)
+        result = checked(self.transports[hp.host.name].run(
+            fetch_output_command(hp.run_dir), timeout=600), hp.host, "fetching output")
+        if not result.stdout:
+            return 0
+        into.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:gz") as tar:
+            tar.extractall(into, filter="data")
+            return sum(1 for m in tar.getmembers() if m.isfile())
+
+
+__all__ = ["Session", "StepFailed", "TransportError", "HostsFailed"]

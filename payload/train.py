@@ -1,0 +1,241 @@
+"""Multi-worker training payload for tfdeploy.
+
+Run by the launcher once per worker, with TF_CONFIG describing the cluster; run by hand
+without TF_CONFIG it trains alone. It trains a small classifier on synthetic data and
+reports progress as one JSON document per stdout line, which the launcher parses:
+
+    {"event": "start", "task": 0, "workers": 2, "run_id": "...", ...}
+    {"event": "first_step", "task": 0}
+    {"event": "epoch", "task": 0, "epoch": 1, "loss": 1.23, "accuracy": 0.5, "seconds": 0.8}
+    {"event": "saved", "task": 0, "path": "..."}
+    {"event": "done", "task": 0}
+
+Environment read:
+    TF_CONFIG             cluster and this task's place in it (absent: train alone)
+    TFDEPLOY_OUTPUT_DIR   where the model is saved (default ./output; --output-dir wins)
+    TFDEPLOY_RUN_ID       echoed in the start line
+    TFDEPLOY_BACKUP_DIR   if set, fault tolerance with keras BackupAndRestore
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+# Before TensorFlow is imported: its C++ INFO/WARNING chatter would bury the useful logs.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Keras 3 cannot run model.fit under MultiWorkerMirroredStrategy; tf_keras (Keras 2) can.
+# The switch makes tf.keras mean tf_keras too, so nothing inside TF picks up Keras 3.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+SEED = 1234
+NUM_SAMPLES = 4096
+NUM_FEATURES_A = 12
+NUM_FEATURES_B = 8
+NUM_CLASSES = 4
+
+
+def emit(event, task, **fields):
+    """One JSON line on stdout, flushed at once: the launcher reads it live."""
+    print(json.dumps({"event": event, "task": task, **fields}), flush=True)
+
+
+def task_info(environ=None):
+    """(task_type, task_index, number of training workers, is_chief) from TF_CONFIG.
+
+    Without TF_CONFIG (or with one naming no cluster) this is a lone worker: ("worker", 0,
+    1, True). The chief is the "chief" task, or worker 0 when the cluster has no chief.
+    """
+    environ = os.environ if environ is None else environ
+    config = json.loads(environ.get("TF_CONFIG") or "{}")
+    cluster = config.get("cluster") or {}
+    if not cluster:
+        return "worker", 0, 1, True
+    task = config.get("task") or {}
+    task_type = task.get("type", "worker")
+    index = int(task.get("index", 0))
+    if task_type not in ("chief", "worker"):
+        raise SystemExit("train.py: task type %r does not train (only chief/worker)"
+                         % task_type)
+    workers = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+    if "chief" in cluster:
+        is_chief = task_type == "chief"
+    else:
+        is_chief = task_type == "worker" and index == 0
+    return task_type, index, workers, is_chief
+
+
+def make_strategy(multi_worker):
+    """MultiWorkerMirroredStrategy reads TF_CONFIG itself. It must be created before any
+    other TensorFlow op runs, since it (re)configures the runtime to join the cluster."""
+    if multi_worker:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def synthetic_data():
+    """Deterministic features and labels: every worker builds exactly the same arrays.
+
+    Labels come from a fixed random "teacher" network, so there is something to learn
+    and the label depends on both feature groups (which matters for --multi-input).
+    """
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal((NUM_SAMPLES, NUM_FEATURES_A + NUM_FEATURES_B)).astype("float32")
+    w1 = rng.standard_normal((x.shape[1], 16)).astype("float32")
+    w2 = rng.standard_normal((16, NUM_CLASSES)).astype("float32")
+    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype("int64")
+    return x[:, :NUM_FEATURES_A], x[:, NUM_FEATURES_A:], y
+
+
+def make_dataset(global_batch, multi_input):
+    """Infinite, batched dataset of the *global* batch size; the strategy splits each
+    global batch between the workers.
+
+    AutoShardPolicy.DATA: the default (AUTO) tries to shard by file, and this data has no
+    files, so each worker would train on everything and the tf.data logs would warn. DATA
+    makes every worker read the same pipeline and keep only its own share of each batch.
+    The pipeline must therefore be identical on all workers: fixed seeds everywhere.
+    """
+    xa, xb, y = synthetic_data()
+    features = {"a": xa, "b": xb} if multi_input else np.concatenate([xa, xb], axis=1)
+    ds = tf.data.Dataset.from_tensor_slices((features, y))
+    ds = ds.shuffle(NUM_SAMPLES, seed=SEED, reshuffle_each_iteration=True)
+    ds = ds.repeat().batch(global_batch, drop_remainder=True)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def build_model(multi_input):
+    """A small MLP classifier; with multi_input, a functional model with two inputs whose
+    branches are concatenated."""
+    if multi_input:
+        in_a = keras.Input(shape=(NUM_FEATURES_A,), name="a")
+        in_b = keras.Input(shape=(NUM_FEATURES_B,), name="b")
+        branch_a = keras.layers.Dense(32, activation="relu", name="branch_a")(in_a)
+        branch_b = keras.layers.Dense(16, activation="relu", name="branch_b")(in_b)
+        merged = keras.layers.Concatenate(name="merge")([branch_a, branch_b])
+        hidden = keras.layers.Dense(32, activation="relu", name="hidden")(merged)
+        out = keras.layers.Dense(NUM_CLASSES, name="logits")(hidden)
+        model = keras.Model(inputs=[in_a, in_b], outputs=out, name="two_branch")
+    else:
+        model = keras.Sequential([
+            keras.Input(shape=(NUM_FEATURES_A + NUM_FEATURES_B,)),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(NUM_CLASSES),
+        ], name="mlp")
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"])
+    return model
+
+
+class JsonProgress(keras.callbacks.Callback):
+    """Prints the first_step line once and one epoch line per epoch."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.task = task
+        self.first_step_seen = False
+        self.epoch_started = 0.0
+        # Batch logs stay tensors: no host sync per batch just for this callback.
+        self._supports_tf_logs = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.first_step_seen:
+            return
+        self.first_step_seen = True
+        # Reading the loss waits for the step to finish, so the line means "a step ran".
+        loss = float((logs or {}).get("loss", float("nan")))
+        emit("first_step", self.task, loss=loss)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_started = time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Metrics are aggregated over all workers, so every worker prints the same values.
+        metrics = {k: float(v) for k, v in (logs or {}).items()}
+        fields = {"epoch": epoch + 1, "loss": metrics.pop("loss", float("nan"))}
+        fields.update(metrics)
+        fields["seconds"] = round(time.monotonic() - self.epoch_started, 3)
+        emit("epoch", self.task, **fields)
+
+
+def save_model(model, output_dir, index, is_chief):
+    """Every worker saves: saving reads distributed variables, which may run collective
+    ops that hang unless all workers take part. Only the chief's copy is kept; the others
+    write to a per-worker temp dir and delete it."""
+    if is_chief:
+        path = os.path.join(output_dir, "model")
+        temp_dir = None
+    else:
+        temp_dir = os.path.join(output_dir, "workertemp_%d" % index)
+        path = os.path.join(temp_dir, "model")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    model.save(path)
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return path
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps-per-epoch", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--multi-input", action="store_true",
+                        help="two-input functional model (two branches concatenated)")
+    parser.add_argument("--output-dir",
+                        default=os.environ.get("TFDEPLOY_OUTPUT_DIR") or "./output",
+                        help="default: $TFDEPLOY_OUTPUT_DIR, else ./output")
+    return parser.parse_args(argv)
+
+
+def main(argv=None, callbacks=()):
+    """Train, save, report. `callbacks` are extra keras callbacks run after ours (tests use
+    this, e.g. to kill a worker mid-run)."""
+    args = parse_args(argv)
+    task_type, index, workers, is_chief = task_info()
+    strategy = make_strategy(multi_worker="TF_CONFIG" in os.environ and workers >= 1
+                             and bool(json.loads(os.environ["TF_CONFIG"] or "{}")
+                                      .get("cluster")))
+    emit("start", index, workers=workers, run_id=os.environ.get("TFDEPLOY_RUN_ID"),
+         type=task_type, chief=is_chief, replicas=strategy.num_replicas_in_sync,
+         multi_input=args.multi_input)
+
+    # Same seeds on every worker: identical data order and, with the strategy's broadcast
+    # of initial values from worker 0, identical weights, hence identical losses.
+    keras.utils.set_random_seed(SEED)
+
+    global_batch = args.batch_size * workers
+    dataset = make_dataset(global_batch, args.multi_input)
+    with strategy.scope():
+        model = build_model(args.multi_input)
+
+    cbs = []
+    backup_dir = os.environ.get("TFDEPLOY_BACKUP_DIR")
+    if backup_dir:
+        # Resumes from the last finished epoch after a restart. In multi-worker mode the
+        # chief writes the backup; all workers must be able to read it to resume.
+        cbs.append(keras.callbacks.BackupAndRestore(backup_dir=backup_dir))
+    cbs.append(JsonProgress(index))
+    cbs.extend(callbacks)
+
+    model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+              callbacks=cbs, verbose=0)
+
+    path = save_model(model, args.output_dir, index, is_chief)
+    emit("saved", index, path=os.path.abspath(path), chief=is_chief)
+    emit("done", index)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

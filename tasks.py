@@ -1,0 +1,62 @@
+"""Invoke tasks: parse flags, call deploy/, turn outcomes into exit codes. Nothing else."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from invoke import Exit, task
+from rich.console import Console
+from rich.text import Text
+
+from deploy.bundle import BundleError
+from deploy.inventory import InventoryError, load_inventory
+from deploy.parallel import HostsFailed
+from deploy.planner import Options, plan_run
+from deploy.plantext import plan_text
+from deploy.runner import RunSettings, new_run_id, train as run_training
+from deploy.session import StepFailed
+from deploy.shell import split_args
+from deploy.transport import TransportError
+
+EXPECTED_ERRORS = (InventoryError, BundleError, HostsFailed, StepFailed, TransportError, ValueError)
+
+
+@task(help={
+    "hosts": "inventory file (default: hosts.yaml, two workers on localhost)",
+    "payload": "directory pushed to every host (default: payload/)",
+    "entry": "script inside the payload that each task runs (default: train.py)",
+    "args": "arguments for the script, split like a shell would, e.g. \"--epochs 5\"",
+    "dry_run": "print the plan (per host: commands, environment, TF_CONFIG) and touch nothing",
+    "runs_dir": "where local run records go: logs, summary.json, artifacts (default: runs/)",
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
+                            "always refused)",
+    "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
+})
+def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
+          runs_dir="runs", connect_timeout=10.0, accept_new_host_keys=False, grace=3.0):
+    """Train across the inventory's hosts: check, push, start, stream logs, tear down.
+
+    Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
+    """
+    console = Console(highlight=False)
+    try:
+        inventory = load_inventory(hosts)
+        options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
+                          grace=float(grace))
+        if dry_run:
+            console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
+                          end="")
+            return
+        settings = RunSettings(runs_dir=Path(runs_dir), connect_timeout=float(connect_timeout),
+                               accept_new_host_keys=accept_new_host_keys)
+        code = run_training(inventory, options, settings, console)
+    except EXPECTED_ERRORS as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise Exit(code=2 if isinstance(exc, (InventoryError, BundleError, ValueError)) else 1)
+    if code:
+        raise Exit(code=code)
+
+
+if __name__ == "__main__":
+    sys.exit("run tasks with: inv --list")

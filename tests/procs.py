@@ -1,0 +1,49 @@
+"""Find a run's processes on this machine by the TFDEPLOY_RUN_ID in their environment.
+
+Lab hosts are all this machine, so every task a run starts shows up here. /proc/<pid>/environ
+is the environment a process was exec'd with (later setenv calls do not show), readable for
+processes of the same user, or all of them as root.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+RUN_ID_VAR = "TFDEPLOY_RUN_ID"
+
+
+def processes_of_run(run_id: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose environment holds TFDEPLOY_RUN_ID=<run_id>."""
+    wanted = f"{RUN_ID_VAR}={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            if wanted not in environ.split(b"\0"):
+                continue
+            if _state(entry) == "Z":
+                continue
+        except OSError:       # vanished, or not ours to read
+            continue
+        found.append(int(entry))
+    return sorted(found)
+
+
+def wait_until_gone(run_id: str, timeout: float, interval: float = 0.1) -> list[int]:
+    """Poll until no process of the run is left; return the survivors ([] once all are gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = processes_of_run(run_id)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(interval)
+
+
+def _state(pid: str) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # "pid (comm) S ...": comm may hold spaces and parentheses, so split after the last ')'.
+    return stat.rpartition(b")")[2].split()[0].decode()
