@@ -21,6 +21,16 @@ from deploy.transport import TransportError
 EXPECTED_ERRORS = (InventoryError, BundleError, HostsFailed, StepFailed, TransportError, ValueError)
 
 
+def seconds(flag: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:
+        raise ValueError(f"{flag} takes a number of seconds, not {value!r}")
+    return number
+
+
 @task(help={
     "hosts": "inventory file (default: hosts.yaml, two workers on localhost)",
     "payload": "directory pushed to every host (default: payload/)",
@@ -34,8 +44,8 @@ EXPECTED_ERRORS = (InventoryError, BundleError, HostsFailed, StepFailed, Transpo
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
 })
 def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
-          runs_dir="runs", connect_timeout=10.0, accept_new_host_keys=False, grace=3.0):
-    """Train across the inventory's hosts: check, push, start, stream logs, tear down.
+          runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3"):
+    """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
     """
@@ -43,12 +53,12 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
     try:
         inventory = load_inventory(hosts)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
-                          grace=float(grace))
+                          grace=seconds("--grace", grace))
         if dry_run:
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
             return
-        settings = RunSettings(runs_dir=Path(runs_dir), connect_timeout=float(connect_timeout),
+        settings = RunSettings(runs_dir=Path(runs_dir), connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys)
         code = run_training(inventory, options, settings, console)
     except EXPECTED_ERRORS as exc:

@@ -18,6 +18,8 @@ Verbs (each prints one JSON document on stdout):
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
     ports RUNDIR COUNT                  free TCP ports, distinct from each other
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
+    follow RUNDIR TASK:OFFSET...        the same as a stream of JSON lines, one per change,
+                                        until every task has ended and its log is read
     stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
 """
@@ -143,17 +145,32 @@ def task_indices(rundir):
                   if n.startswith("worker-") and n.endswith(".pid"))
 
 
-def poll(rundir, requests):
+def group_exists(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def parse_requests(requests):
+    return {task: int(offset) for task, offset in (item.split(":") for item in requests)}
+
+
+def poll(rundir, requests, thorough=True):
     run_id = run_id_of(rundir)
     tasks = {}
-    for item in requests:
-        task, offset = item.split(":")
-        offset = int(offset)
+    for task, offset in parse_requests(requests).items():
         info = read_json(task_file(rundir, task, "pid"))
         status = {"state": "pending"}
         if info:
             # Liveness first, then the exit file: the supervisor writes it before it exits.
-            alive = bool(group_members(info["pgid"], run_id))
+            if thorough:
+                alive = bool(group_members(info["pgid"], run_id))
+            else:
+                alive = group_exists(info["pgid"])
             ended = read_json(task_file(rundir, task, "exit"))
             status = {"pid": info["pid"], "started": info["started"]}
             if ended:
@@ -172,6 +189,34 @@ def poll(rundir, requests):
                       data=base64.b64encode(data).decode("ascii"))
         tasks[task] = status
     return {"tasks": tasks}
+
+
+def follow(rundir, requests, interval=0.1, heartbeat=2.0):
+    """Stream changes as they happen. One long-lived process is far cheaper than a new
+    process per poll, which matters on hosts whose cores are busy training. The heartbeat
+    makes a follower whose reader went away notice it (broken pipe) and exit."""
+    offsets = parse_requests(requests)
+    last = {}
+    last_write = time.time()
+    while True:
+        doc = poll(rundir, ["%s:%d" % item for item in offsets.items()], thorough=False)
+        changed = {}
+        for task, status in doc["tasks"].items():
+            offsets[task] = status["offset"]
+            key = (status["state"], status.get("code"), status["size"], status["offset"])
+            if status["data"] or last.get(task) != key:
+                changed[task] = status
+            last[task] = key
+        now = time.time()
+        if changed or now - last_write > heartbeat:
+            sys.stdout.write(json.dumps({"tasks": changed}) + "\n")
+            sys.stdout.flush()
+            last_write = now
+        if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
+               for s in doc["tasks"].values()):
+            return None
+        if not any(s["offset"] < s["size"] for s in doc["tasks"].values()):
+            time.sleep(interval)
 
 
 def stop(rundir, grace):
@@ -225,13 +270,18 @@ def main(argv):
         out = free_ports(int(args[1]))
     elif verb == "poll":
         out = poll(args[0], args[1:])
+    elif verb == "follow":
+        try:
+            out = follow(args[0], args[1:])
+        except BrokenPipeError:
+            os._exit(0)
     elif verb == "stop":
         out = stop(args[0], float(args[1]))
     elif verb == "cleanup":
         out = cleanup(args[0], float(args[1]))
     else:
         raise SystemExit("unknown verb %r" % verb)
-    if verb != "supervise":
+    if out is not None and verb != "supervise":
         sys.stdout.write(json.dumps(out) + "\n")
 
 

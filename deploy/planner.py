@@ -103,6 +103,10 @@ def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
     return host_agent(host, rundir, "poll", *(f"{i}:{o}" for i, o in sorted(offsets.items())))
 
 
+def follow_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
+    return host_agent(host, rundir, "follow", *(f"{i}:{o}" for i, o in sorted(offsets.items())))
+
+
 def stop_command(host: Host, rundir: str, grace: float) -> str:
     return host_agent(host, rundir, "stop", f"{grace:g}")
 

@@ -20,7 +20,8 @@ from .inventory import Inventory
 from .planner import Options, RunPlan, plan_run
 from .plantext import plan_document
 from .progress import TaskProgress, losses_agree
-from .session import Session
+from .follow import Followers
+from .session import Session, StepFailed
 from .view import LiveView, failure_panel, say, summary_table
 
 EXIT_INTERRUPTED = 130
@@ -31,7 +32,6 @@ class RunSettings:
     runs_dir: Path = Path("runs")
     connect_timeout: float = 10.0
     accept_new_host_keys: bool = False
-    poll_interval: float = 0.2
 
 
 def new_run_id() -> str:
@@ -48,27 +48,42 @@ class Run:
         self.failure: tuple[TaskProgress, str] | None = None
         self.problems: list[str] = []
 
-    def watch(self, poll_interval: float) -> None:
+    def watch(self) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
-        title = f"run {self.plan.run_id}"
-        with LiveView(self.console, self.tasks, title) as view:
-            while not all(t.finished for t in self.tasks):
-                started = time.monotonic()
-                answers, errors = self.session.poll(
-                    self.plan, {t.index: t.offset for t in self.tasks})
-                for error in errors.values():
-                    say(self.console, f"poll: {error}", "yellow")
-                for task in self.tasks:
-                    if task.index in answers:
-                        data, lines = task.update(answers[task.index])
-                        self.logs[task.index].write(data)
-                        view.lines(task, lines)
-                        if task.finished and task.failed and self.failure is None:
-                            self._fail(task)
-                view.refresh()
-                if any(t.offset < t.size for t in self.tasks):
-                    continue  # more log to read: ask again at once
-                time.sleep(max(0.0, poll_interval - (time.monotonic() - started)))
+        followers = Followers(self.plan, self.session.transports)
+        by_index = {t.index: t for t in self.tasks}
+        hosts = {hp.host.name: [by_index[t.index] for t in hp.tasks] for hp in self.plan.hosts}
+        followers.start_all(self.offsets())
+        try:
+            with LiveView(self.console, self.tasks, f"run {self.plan.run_id}") as view:
+                while not all(t.finished for t in self.tasks):
+                    event = followers.next(timeout=0.25)
+                    if event is None:
+                        view.refresh()
+                        continue
+                    if event.kind == "doc":
+                        for index, doc in event.doc["tasks"].items():
+                            self._apply(by_index[int(index)], doc, view)
+                    elif not all(t.finished for t in hosts[event.host]):
+                        # The stream broke (or ended early): follow again from where we are.
+                        if event.error:
+                            say(self.console, f"following {event.host}: {event.error}", "yellow")
+                        if not followers.restart(event.host, self.offsets()):
+                            raise StepFailed(f"{event.host}: lost contact while following the "
+                                             f"run: {event.error or 'stream ended'}")
+                    view.refresh()
+        finally:
+            followers.close()
+
+    def offsets(self) -> dict[int, int]:
+        return {t.index: t.offset for t in self.tasks}
+
+    def _apply(self, task: TaskProgress, doc: dict, view: LiveView) -> None:
+        data, lines = task.update(doc)
+        self.logs[task.index].write(data)
+        view.lines(task, lines)
+        if task.finished and task.failed and self.failure is None:
+            self._fail(task)
 
     def _fail(self, task: TaskProgress) -> None:
         reason = (f"exit code {task.code}" if task.state == "exited"
@@ -110,7 +125,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
             session.launch(plan)
         console.print(f"started {count} task(s) in {time.monotonic() - started:.1f} s; "
                       "cluster " + ", ".join(t.endpoint for t in plan.tasks), highlight=False)
-        run.watch(settings.poll_interval)
+        run.watch()
     except KeyboardInterrupt:
         interrupted = True
         say(console, "interrupted: stopping every task of the run…", "yellow")

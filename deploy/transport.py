@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,7 +39,52 @@ class Transport(Protocol):
 
     def run(self, line: str, stdin: bytes = b"", timeout: float | None = 60.0) -> CommandResult: ...
 
+    def stream(self, line: str) -> "LineStream": ...
+
     def close(self) -> None: ...
+
+
+class LineStream(Protocol):
+    """Output lines of a long-running command, read as they come; close() abandons it."""
+
+    def __iter__(self): ...
+
+    def close(self) -> None: ...
+
+
+class LocalStream:
+    def __init__(self, line: str):
+        # Its own session, so that closing it ends exactly this command and its children.
+        self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     cwd=os.path.expanduser("~"))
+
+    def __iter__(self):
+        return iter(self.proc.stdout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 15)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+class SshStream:
+    def __init__(self, channel: paramiko.Channel, label: str):
+        self.channel, self.label = channel, label
+        self.file = channel.makefile("rb")
+
+    def __iter__(self):
+        try:
+            yield from self.file
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 class LocalTransport:
@@ -54,6 +98,9 @@ class LocalTransport:
         except subprocess.TimeoutExpired:
             raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
         return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def stream(self, line: str) -> LineStream:
+        return LocalStream(line)
 
     def close(self) -> None:
         pass
@@ -92,42 +139,36 @@ class SshTransport:
             raise TransportError(f"{label}: cannot connect to port {self.host.port}: "
                                  f"{getattr(exc, 'strerror', None) or exc}") from None
 
-    def run(self, line: str, stdin: bytes = b"", timeout: float | None = 60.0) -> CommandResult:
+    def _channel(self) -> paramiko.Channel:
         try:
-            channel = self.connection.client.get_transport().open_session(timeout=10)
+            return self.connection.client.get_transport().open_session(timeout=10)
         except (paramiko.SSHException, AttributeError, EOFError, OSError) as exc:
             raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
+
+    def run(self, line: str, stdin: bytes = b"", timeout: float | None = 60.0) -> CommandResult:
+        channel = self._channel()
         try:
+            channel.settimeout(timeout)
             channel.exec_command(line)
             if stdin:
                 channel.sendall(stdin)
             channel.shutdown_write()
-            return self._collect(channel, timeout)
+            # Our commands write little to stderr, so reading stdout first cannot stall.
+            out = channel.makefile("rb").read()
+            err = channel.makefile_stderr("rb").read()
+            return CommandResult(channel.recv_exit_status(), out, err)
+        except socket.timeout:
+            raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
         finally:
             channel.close()
 
-    def _collect(self, channel: paramiko.Channel, timeout: float | None) -> CommandResult:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        out, err = bytearray(), bytearray()
-        while True:
-            busy = False
-            if channel.recv_ready():
-                out += channel.recv(1 << 16)
-                busy = True
-            if channel.recv_stderr_ready():
-                err += channel.recv_stderr(1 << 16)
-                busy = True
-            if busy:
-                continue
-            if channel.exit_status_ready() and channel.eof_received:
-                return CommandResult(channel.recv_exit_status(), bytes(out), bytes(err))
-            if channel.closed and not channel.exit_status_ready():
-                raise TransportError(f"{self.host.label}: channel closed without an exit status")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s")
-            time.sleep(0.002)
+    def stream(self, line: str) -> LineStream:
+        channel = self._channel()
+        channel.exec_command(line)
+        channel.shutdown_write()
+        return SshStream(channel, self.host.label)
 
     def close(self) -> None:
         self.connection.close()
