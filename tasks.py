@@ -41,10 +41,13 @@ def seconds(flag: str, value: str) -> float:
     "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
     "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
                             "always refused)",
+    "start_timeout": "seconds for every task to reach its first training step before the run "
+                     "is torn down (default: 120)",
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
 })
 def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
-          runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3"):
+          runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
+          start_timeout="120"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
@@ -59,7 +62,8 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
                           end="")
             return
         settings = RunSettings(runs_dir=Path(runs_dir), connect_timeout=seconds("--connect-timeout", connect_timeout),
-                               accept_new_host_keys=accept_new_host_keys)
+                               accept_new_host_keys=accept_new_host_keys,
+                               start_timeout=seconds("--start-timeout", start_timeout))
         code = run_training(inventory, options, settings, console)
     except EXPECTED_ERRORS as exc:
         console.print(Text.assemble(("error: ", "bold red"), str(exc)))

@@ -28,6 +28,7 @@ class TaskProgress:
     losses: list[float] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     first_step: bool = False
+    speaks_events: bool = False      # printed any {"event": ...} line
     partial: bytes = b""
     tail: list[str] = field(default_factory=list)
 
@@ -78,6 +79,7 @@ class TaskProgress:
         event = parse_event(line)
         if not event:
             return
+        self.speaks_events = True
         kind = event.get("event")
         if kind == "first_step":
             self.first_step = True

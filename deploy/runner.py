@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,9 @@ class RunSettings:
     runs_dir: Path = Path("runs")
     connect_timeout: float = 10.0
     accept_new_host_keys: bool = False
+    # A worker whose peer never comes waits for an hour and ignores SIGTERM: without this
+    # watchdog a missing or blocked peer is a silent hang.
+    start_timeout: float = 120.0
 
 
 def new_run_id() -> str:
@@ -48,15 +53,18 @@ class Run:
         self.failure: tuple[TaskProgress, str] | None = None
         self.problems: list[str] = []
 
-    def watch(self) -> None:
+    def watch(self, start_timeout: float) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
         followers = Followers(self.plan, self.session.transports)
         by_index = {t.index: t for t in self.tasks}
         hosts = {hp.host.name: [by_index[t.index] for t in hp.tasks] for hp in self.plan.hosts}
         followers.start_all(self.offsets())
+        deadline = time.monotonic() + start_timeout
         try:
             with LiveView(self.console, self.tasks, f"run {self.plan.run_id}") as view:
                 while not all(t.finished for t in self.tasks):
+                    if deadline and time.monotonic() > deadline:
+                        deadline = self._check_started(start_timeout)
                     event = followers.next(timeout=0.25)
                     if event is None:
                         view.refresh()
@@ -74,6 +82,22 @@ class Run:
                     view.refresh()
         finally:
             followers.close()
+
+    def _check_started(self, start_timeout: float) -> float:
+        """Fail the run if some task never reached its first training step; 0 = checked.
+        Only a payload that prints events is watched: of another one we cannot tell."""
+        if not any(t.speaks_events for t in self.tasks):
+            return 0.0
+        stuck = [t for t in self.tasks if not t.first_step and t.state not in ("exited", "lost")]
+        if stuck and self.failure is None:
+            names = ", ".join(f"{t.name} ({t.host})" for t in stuck)
+            for task in stuck:
+                self.console.print(failure_panel(task, "no training step yet"))
+            self.failure = (stuck[0], f"startup watchdog: {names} did not reach a first "
+                                      f"training step within {start_timeout:g} s")
+            say(self.console, self.failure[1] + " — stopping the run", "red")
+            self.problems += self.session.stop(self.plan).values()
+        return 0.0
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}
@@ -125,7 +149,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
             session.launch(plan)
         console.print(f"started {count} task(s) in {time.monotonic() - started:.1f} s; "
                       "cluster " + ", ".join(t.endpoint for t in plan.tasks), highlight=False)
-        run.watch()
+        run.watch(settings.start_timeout)
     except KeyboardInterrupt:
         interrupted = True
         say(console, "interrupted: stopping every task of the run…", "yellow")
@@ -140,6 +164,9 @@ def _finish(plan: RunPlan, session: Session, run: Run | None, local_dir: Path,
     path after the first push, including Ctrl-C and errors."""
     problems: list[str] = list(run.problems) if run else []
     artifacts = 0
+    # A second Ctrl-C must not cut teardown short and leave tasks behind; every remote step
+    # here has its own timeout, so ignoring it cannot hang the controller forever.
+    restore = _ignore_sigint()
     try:
         with console.status("stopping tasks and fetching results…"):
             if run and not interrupted:
@@ -154,6 +181,7 @@ def _finish(plan: RunPlan, session: Session, run: Run | None, local_dir: Path,
         session.close()
         if run:
             run.close_logs()
+        restore()
     code = _exit_code(run, interrupted, problems)
     if run:
         console.print(summary_table(run.tasks))
@@ -168,6 +196,13 @@ def _finish(plan: RunPlan, session: Session, run: Run | None, local_dir: Path,
         console.print(f"artifacts: {artifacts} file(s) in {local_dir / 'artifacts'}",
                       highlight=False)
     return code
+
+
+def _ignore_sigint():
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return lambda: signal.signal(signal.SIGINT, previous)
 
 
 def _drain_logs(run: Run) -> None:

@@ -168,3 +168,35 @@ def test_help_explains_every_flag():
     help_text = inv("train", "--help").stdout
     for flag in ("--hosts", "--payload", "--entry", "--args", "--dry-run", "--runs-dir"):
         assert flag in help_text
+
+
+def test_startup_watchdog_ends_a_run_whose_peer_never_comes(lab_inventory, tmp_path):
+    """Task 1 never joins (and ignores SIGTERM); task 0 waits for it inside TensorFlow."""
+    inventory, hosts = lab_inventory
+    payload = crash_payload(tmp_path)
+    (payload / "stall.py").write_text(
+        "import json, os, signal, sys, time\n"
+        "if os.environ['TFDEPLOY_TASK_INDEX'] == '1':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    print(json.dumps({'event': 'start', 'task': 1}), flush=True)\n"
+        "    time.sleep(3600)\n"
+        "import train\n"
+        "sys.exit(train.main())\n")
+    runs = tmp_path / "runs"
+    done = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--payload",
+               str(payload), "--entry", "stall.py", "--start-timeout", "15", "--grace", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "startup watchdog" in done.stdout
+    assert "worker-1 (h2)" in done.stdout
+    run_dir = only_run(runs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "did not reach a first training step" in summary["failure"]["reason"]
+    assert_nothing_left(run_dir, hosts)
+
+
+def test_multi_input_model_trains_on_two_workers(tmp_path):
+    runs = tmp_path / "runs"
+    done = inv("train", "--runs-dir", str(runs), "--args", QUICK + " --multi-input")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((only_run(runs) / "summary.json").read_text())
+    assert summary["losses_agree"] is True
