@@ -176,8 +176,11 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     label = name if isinstance(name, str) else f"#{i + 1}"
 
     def fail(field_name: str, message: str) -> InventoryError:
-        path = ("hosts", i, field_name) if field_name in own else ("defaults", field_name)
-        return InventoryError(file, message, host=label, field=field_name, line=where.line(*path))
+        if field_name in own or ("defaults", field_name) not in where.lines:
+            line = where.line("hosts", i, field_name)   # the field, or else the host entry
+        else:
+            line = where.line("defaults", field_name)
+        return InventoryError(file, message, host=label, field=field_name, line=line)
 
     for key in raw:
         if key not in HOST_FIELDS:

@@ -100,7 +100,8 @@ def test_processes_of_run_finds_a_local_process():
     run_id = f"test-{uuid.uuid4().hex}"
     proc = subprocess.Popen(["sleep", "30"], env={**os.environ, "TFDEPLOY_RUN_ID": run_id})
     try:
-        assert processes_of_run(run_id) == [proc.pid]
+        # Between fork and exec the child still has its parent's environment: wait for exec.
+        assert wait_for_processes(run_id) == [proc.pid]
         assert processes_of_run(run_id + "-other") == []
         os.kill(proc.pid, signal.SIGKILL)
         # Not reaped yet, so a zombie for a while: it must not count.
