@@ -42,7 +42,7 @@ def seconds(flag: str, value: str) -> float:
     "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
                             "always refused)",
     "start_timeout": "seconds for every task to reach its first training step before the run "
-                     "is torn down (default: 120)",
+                     "is torn down (default: 120; 0: no watchdog)",
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
 })
 def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
@@ -68,6 +68,9 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
     except EXPECTED_ERRORS as exc:
         console.print(Text.assemble(("error: ", "bold red"), str(exc)))
         raise Exit(code=2 if isinstance(exc, (InventoryError, BundleError, ValueError)) else 1)
+    except KeyboardInterrupt:  # before anything was started; later ones are handled by the run
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
     if code:
         raise Exit(code=code)
 

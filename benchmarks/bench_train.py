@@ -76,9 +76,9 @@ def main() -> None:
             tool.append(with_tfdeploy(inventory, args, Path(tmp) / "runs"))
     h, t = statistics.median(hand), statistics.median(tool)
     print(f"payload args: {opts.args}; {opts.repeats} repeats, alternating")
-    print(f"by hand (2 processes, TF_CONFIG by hand): " + " ".join(f"{x:.2f}" for x in hand)
+    print("by hand (2 processes, TF_CONFIG by hand): " + " ".join(f"{x:.2f}" for x in hand)
           + f" s; median {h:.2f} s")
-    print(f"inv train (2 SSH hosts on loopback):       " + " ".join(f"{x:.2f}" for x in tool)
+    print("inv train (2 SSH hosts on loopback):       " + " ".join(f"{x:.2f}" for x in tool)
           + f" s; median {t:.2f} s")
     print(f"ratio inv train / by hand: {t / h:.2f}x")
 

@@ -59,7 +59,7 @@ class Run:
         by_index = {t.index: t for t in self.tasks}
         hosts = {hp.host.name: [by_index[t.index] for t in hp.tasks] for hp in self.plan.hosts}
         followers.start_all(self.offsets())
-        deadline = time.monotonic() + start_timeout
+        deadline = time.monotonic() + start_timeout if start_timeout > 0 else 0.0
         try:
             with LiveView(self.console, self.tasks, f"run {self.plan.run_id}") as view:
                 while not all(t.finished for t in self.tasks):

@@ -15,7 +15,7 @@ from .inventory import Host, Inventory
 from .parallel import HostsFailed, on_all, on_each
 from .planner import (HostPlan, RunPlan, cleanup_command, fetch_output_command, poll_command,
                       stop_command)
-from .transport import CommandResult, Transport, TransportError, connect
+from .transport import CommandResult, Transport, connect
 
 
 class StepFailed(Exception):
@@ -134,5 +134,3 @@ class Session:
             tar.extractall(into, filter="data")
             return sum(1 for m in tar.getmembers() if m.isfile())
 
-
-__all__ = ["Session", "StepFailed", "TransportError", "HostsFailed"]
