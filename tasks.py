@@ -10,6 +10,7 @@ from rich.text import Text
 
 from deploy.bundle import BundleError
 from deploy.inventory import InventoryError, load_inventory
+from deploy.lints import LintFailed, lint
 from deploy.parallel import HostsFailed
 from deploy.planner import Options, plan_run
 from deploy.plantext import plan_text
@@ -18,7 +19,10 @@ from deploy.session import StepFailed
 from deploy.shell import split_args
 from deploy.transport import TransportError
 
-EXPECTED_ERRORS = (InventoryError, BundleError, HostsFailed, StepFailed, TransportError, ValueError)
+EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFailed,
+                   TransportError, ValueError)
+
+BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
 
 
 def seconds(flag: str, value: str) -> float:
@@ -57,6 +61,9 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
         inventory = load_inventory(hosts)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
                           grace=seconds("--grace", grace))
+        problems = lint(inventory, Path(payload))
+        if problems:
+            raise LintFailed("\n".join(problems))
         if dry_run:
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
@@ -67,7 +74,7 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
         code = run_training(inventory, options, settings, console)
     except EXPECTED_ERRORS as exc:
         console.print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise Exit(code=2 if isinstance(exc, (InventoryError, BundleError, ValueError)) else 1)
+        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
     except KeyboardInterrupt:  # before anything was started; later ones are handled by the run
         console.print("interrupted", style="yellow")
         raise Exit(code=130)

@@ -45,6 +45,12 @@ def emit(event, task, **fields):
     print(json.dumps({"event": event, "task": task, **fields}), flush=True)
 
 
+def cluster_spec(environ=None):
+    """The "cluster" part of TF_CONFIG, {} when TF_CONFIG is absent or names none."""
+    environ = os.environ if environ is None else environ
+    return json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+
+
 def task_info(environ=None):
     """(task_type, task_index, number of training workers, is_chief) from TF_CONFIG.
 
@@ -52,11 +58,10 @@ def task_info(environ=None):
     1, True). The chief is the "chief" task, or worker 0 when the cluster has no chief.
     """
     environ = os.environ if environ is None else environ
-    config = json.loads(environ.get("TF_CONFIG") or "{}")
-    cluster = config.get("cluster") or {}
+    cluster = cluster_spec(environ)
     if not cluster:
         return "worker", 0, 1, True
-    task = config.get("task") or {}
+    task = json.loads(environ["TF_CONFIG"]).get("task") or {}
     task_type = task.get("type", "worker")
     index = int(task.get("index", 0))
     if task_type not in ("chief", "worker"):
@@ -203,9 +208,8 @@ def main(argv=None, callbacks=()):
     this, e.g. to kill a worker mid-run)."""
     args = parse_args(argv)
     task_type, index, workers, is_chief = task_info()
-    strategy = make_strategy(multi_worker="TF_CONFIG" in os.environ and workers >= 1
-                             and bool(json.loads(os.environ["TF_CONFIG"] or "{}")
-                                      .get("cluster")))
+    # A cluster in TF_CONFIG (even of one worker) means the launcher runs us: join it.
+    strategy = make_strategy(multi_worker=bool(cluster_spec()))
     emit("start", index, workers=workers, run_id=os.environ.get("TFDEPLOY_RUN_ID"),
          type=task_type, chief=is_chief, replicas=strategy.num_replicas_in_sync,
          multi_input=args.multi_input)

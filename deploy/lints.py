@@ -1,0 +1,57 @@
+"""Mistakes that would make TensorFlow hang rather than fail, caught before anything starts."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+
+from .inventory import Inventory
+
+KERAS3_IMPORT = re.compile(r"^\s*(import\s+keras\b|from\s+keras(\.|\s+import)\b)", re.MULTILINE)
+
+
+class LintFailed(ValueError):
+    pass
+
+
+def is_loopback(address: str) -> bool:
+    if address.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def cluster_problems(inventory: Inventory) -> list[str]:
+    """A loopback cluster address is fine when every host is on loopback (one machine, or a
+    test lab); beside real hosts it makes the others dial themselves and wait forever."""
+    loopback = [h for h in inventory.hosts if is_loopback(h.tf_address)]
+    if not loopback or len(loopback) == len(inventory.hosts):
+        return []
+    others = ", ".join(h.name for h in inventory.hosts if h not in loopback)
+    return [f"{inventory.path}: host {h.name!r}: cluster address {h.tf_address!r} is loopback, "
+            f"but {others} cannot reach it there; set cluster_address to an address the other "
+            f"hosts can reach" for h in loopback]
+
+
+def payload_problems(payload: Path, tasks: int) -> list[str]:
+    """Keras 3 cannot run multi-worker fit; the payload must use tf_keras."""
+    if tasks < 2 or not payload.is_dir():
+        return []
+    problems = []
+    for path in sorted(payload.rglob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        match = KERAS3_IMPORT.search(text)
+        if match:
+            line = text.count("\n", 0, match.start()) + 1
+            problems.append(
+                f"{path}:{line}: imports Keras 3 ({match.group(1).strip()!r}), which cannot run "
+                f"multi-worker training; use 'import tf_keras as keras' (tfdeploy sets "
+                f"TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras too)")
+    return problems
+
+
+def lint(inventory: Inventory, payload: Path) -> list[str]:
+    return cluster_problems(inventory) + payload_problems(payload, inventory.task_count)
+
