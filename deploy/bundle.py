@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -17,29 +18,39 @@ class BundleError(ValueError):
 
 
 def payload_files(payload: Path) -> list[Path]:
-    """Regular files of the payload; a symlink leaving the payload is refused."""
+    """Regular files of the payload, symlinks inside it followed (hosts get their content);
+    a symlink leaving the payload is refused."""
     root = payload.resolve()
     files = []
-    for path in sorted(payload.rglob("*")):
-        rel = path.relative_to(payload)
-        if any(part in SKIPPED for part in rel.parts) or path.suffix == ".pyc":
-            continue
-        if path.is_symlink():
-            target = path.resolve()
-            if root not in target.parents and target != root:
-                raise BundleError(f"{path}: symlink points outside the payload ({target})")
-        if path.is_file():
-            files.append(rel)
-    return files
+    for dirpath, dirnames, filenames in os.walk(payload, followlinks=True):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED)
+        for name in [*dirnames, *filenames]:
+            path = here / name
+            if path.is_symlink() and not _inside(path.resolve(), root):
+                raise BundleError(f"{path}: symlink points outside the payload ({path.resolve()})")
+        if here != payload and here.is_symlink() and _inside(root, here.resolve()):
+            raise BundleError(f"{here}: symlink loops back into the payload")
+        for name in sorted(filenames):
+            path = here / name
+            if path.suffix != ".pyc" and path.is_file():
+                files.append(path.relative_to(payload))
+    return sorted(files)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
 
 
 def build_bundle(payload: Path, entry: str, run_id: str) -> bytes:
     if not payload.is_dir():
         raise BundleError(f"payload directory {payload} does not exist")
-    if not (payload / entry).is_file():
+    entry_path = payload / entry
+    if not _inside(entry_path.resolve(), payload.resolve()) or not entry_path.is_file():
         raise BundleError(f"entry script {entry!r} not found in payload {payload}")
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+    # dereference: a symlink inside the payload arrives as the file it points to.
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, dereference=True) as tar:
         _add_bytes(tar, "run.json", json.dumps({"run_id": run_id}).encode())
         tar.add(AGENT_SOURCE, arcname=AGENT_FILE)
         for rel in payload_files(payload):

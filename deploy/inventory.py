@@ -6,6 +6,7 @@ error names the file, the host, the field and (where YAML gives it) the line.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import sys
 from dataclasses import dataclass, field
@@ -99,11 +100,15 @@ class _Located:
 
     def __init__(self, root: yaml.Node | None):
         self.lines: dict[tuple, int] = {}
+        self.seen: set[int] = set()
         if root is not None:
             self._walk(root, ())
 
     def _walk(self, node: yaml.Node, path: tuple) -> None:
         self.lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) in self.seen:   # an alias seen before (possibly of itself): walk it once
+            return
+        self.seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 sub = path + (getattr(key, "value", None),)
@@ -124,6 +129,8 @@ def load_inventory(path: str | os.PathLike, environ: Mapping[str, str] | None = 
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(file, f"not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise InventoryError(file, f"cannot read inventory: {exc.strerror or exc}") from None
     return parse_inventory(text, file, os.environ if environ is None else environ)
@@ -188,6 +195,8 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     for key, kind in HOST_FIELDS.items():
         value = raw.get(key)
         if value is None:
+            if key in raw:
+                raise fail(key, "has no value (remove the line to use the default)")
             continue
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise fail(key, f"must be a whole number, not {value!r}")
@@ -197,7 +206,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
             raise fail(key, "must be a mapping of NAME: value")
     if name is None:
         raise fail("name", "missing (every host needs a unique name)")
-    if not HOST_NAME.match(name):
+    if not HOST_NAME.fullmatch(name):
         raise fail("name", "use letters, digits, '.', '_' or '-', starting with a letter or digit")
     transport = raw.get("transport", "ssh")
     if transport not in TRANSPORTS:
@@ -232,7 +241,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         identity_file=raw.get("identity_file"),
         known_hosts=raw.get("known_hosts", "~/.ssh/known_hosts"), host_key_policy=policy,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
-        workdir=workdir.rstrip("/"),
+        workdir=posixpath.normpath(workdir),
         cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
     )
 
@@ -252,7 +261,7 @@ def workdir_problem(workdir: str) -> str | None:
 
 
 def _env_value(key: Any, value: Any, environ: Mapping[str, str], fail) -> EnvValue:
-    if not isinstance(key, str) or not ENV_NAME.match(key):
+    if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
         raise fail("not a valid environment variable name")
     if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
         raise fail("is set by tfdeploy itself and cannot be overridden")

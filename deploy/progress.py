@@ -116,6 +116,7 @@ def losses_agree(tasks: list[TaskProgress], rel_tol: float = 1e-6) -> bool | Non
         return False
     for values in zip(*series):
         ref = values[0]
-        if any(abs(v - ref) > rel_tol * max(1.0, abs(ref)) for v in values):
+        # Written as "not close" so that a NaN loss never counts as agreeing.
+        if not all(abs(v - ref) <= rel_tol * max(1.0, abs(ref)) for v in values):
             return False
     return True

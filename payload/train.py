@@ -157,9 +157,13 @@ class JsonProgress(keras.callbacks.Callback):
         if self.first_step_seen:
             return
         self.first_step_seen = True
-        # Reading the loss waits for the step to finish, so the line means "a step ran".
-        loss = float((logs or {}).get("loss", float("nan")))
-        emit("first_step", self.task, loss=loss)
+        # Reading a value waits for the step to finish, so the line means "a step ran".
+        # The value itself is not reported: under MultiWorkerMirroredStrategy, tf_keras
+        # sums batch logs over the workers (N times the loss); epoch logs are right.
+        for value in (logs or {}).values():
+            float(value)
+            break
+        emit("first_step", self.task)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch_started = time.monotonic()

@@ -1,7 +1,13 @@
-"""The host-side agent, run locally as it runs on a host: launch, follow, stop, cleanup."""
+"""The host-side agent, run locally as it runs on a host: ports, launch, poll, follow, stop,
+cleanup; and one planned launch end to end through the local transport (no SSH, no network).
+
+Every test uses its own run id, and whatever a test started is ended afterwards by pid: the
+processes whose environment holds that run's TFDEPLOY_RUN_ID (tests/procs.py).
+"""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import os
@@ -10,67 +16,195 @@ import subprocess
 import sys
 import tarfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from deploy.bundle import BundleError, build_bundle
+from procs import processes_of_run, wait_until_gone
+
+from deploy.bundle import build_bundle
+from deploy.inventory import EnvValue, Inventory, parse_inventory
+from deploy.planner import (Options, cleanup_command, fetch_output_command, plan_run,
+                            poll_command, stop_command)
+from deploy.transport import LocalTransport
 
 AGENT = Path(__file__).resolve().parents[2] / "deploy" / "agent.py"
-RUN_ID = "20260101-000000-feed01"
 
 
-def agent(*args: str, stdin: str = "") -> dict:
-    done = subprocess.run([sys.executable, str(AGENT), *args], input=stdin, text=True,
-                          capture_output=True, timeout=60, check=True)
-    return json.loads(done.stdout)
+def kill_run(run_id: str) -> None:
+    for pid in processes_of_run(run_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_until_gone(run_id, 5)
 
 
 @pytest.fixture
-def rundir(tmp_path):
-    path = tmp_path / "work" / "runs" / RUN_ID
+def run_id():
+    rid = f"20260101-000000-{uuid.uuid4().hex[:6]}"
+    try:
+        yield rid
+    finally:
+        kill_run(rid)
+
+
+@pytest.fixture
+def rundir(tmp_path, run_id):
+    path = tmp_path / "work" / "runs" / run_id
     path.mkdir(parents=True)
-    (path / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
-    yield path
-    # Whatever a failing test left running: end it by the group the agent recorded.
-    for pid_file in path.glob("worker-*.pid") if path.exists() else []:
-        try:
-            os.killpg(json.loads(pid_file.read_text())["pgid"], signal.SIGKILL)
-        except (ProcessLookupError, ValueError, KeyError):
-            pass
+    (path / "run.json").write_text(json.dumps({"run_id": run_id}))
+    return path
 
 
-def launch(rundir: Path, task: int, *argv: str) -> dict:
-    env = json.dumps({"env": {"TFDEPLOY_RUN_ID": RUN_ID, "GREETING": "hi there"}})
-    return agent("launch", str(rundir), str(task), str(rundir), "--", *argv, stdin=env)
+def run_agent(*args: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(AGENT), *args], input=stdin, text=True,
+                          capture_output=True, timeout=30, env=env)
 
 
-def poll_until_ended(rundir: Path, task: int, timeout: float = 20) -> dict:
+def agent(*args: str, stdin: str = "", env: dict | None = None) -> dict:
+    done = run_agent(*args, stdin=stdin, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def launch(rundir: Path, task: int, *argv: str, env: dict | None = None, **kw) -> dict:
+    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name, **(env or {})}}
+    return agent("launch", str(rundir), str(task), str(rundir), "--", *argv,
+                 stdin=json.dumps(doc), **kw)
+
+
+def poll(rundir: Path, task: int, offset: int = 0) -> dict:
+    return agent("poll", str(rundir), f"{task}:{offset}")["tasks"][str(task)]
+
+
+def poll_until_ended(rundir: Path, task: int, timeout: float = 15) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = agent("poll", str(rundir), f"{task}:0")["tasks"][str(task)]
+        status = poll(rundir, task)
         if status["state"] in ("exited", "lost"):
             return status
-        time.sleep(0.1)
-    raise AssertionError("task did not end")
+        time.sleep(0.05)
+    raise AssertionError(f"task {task} did not end within {timeout} s")
 
 
-def test_ports_are_distinct():
-    ports = agent("ports", "/nonexistent", "5")["ports"]
-    assert len(set(ports)) == 5 and all(0 < p < 65536 for p in ports)
+def wait_for_log(rundir: Path, task: int, text: bytes, timeout: float = 10) -> None:
+    log = rundir / f"worker-{task}.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_bytes():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{text!r} never appeared in {log}")
 
 
-def test_launch_records_exit_code_and_log_with_the_given_environment(rundir):
-    info = launch(rundir, 0, "/bin/sh", "-c", 'echo "$GREETING"; exit 4')
-    assert info["pid"] == info["pgid"]
+def test_ports_are_distinct_free_ports(rundir):
+    ports = agent("ports", str(rundir), "3")["ports"]
+    assert len(ports) == 3 and len(set(ports)) == 3
+    assert all(isinstance(p, int) and 0 < p < 65536 for p in ports)
+
+
+def test_launch_records_exit_code_and_log(rundir, run_id):
+    info = launch(rundir, 0, "/bin/sh", "-c", "echo hi; exit 4")
+    assert info["pid"] == info["pgid"] and info["started"] > 0
+    assert json.loads((rundir / "worker-0.pid").read_text()) == info
     status = poll_until_ended(rundir, 0)
-    assert (status["state"], status["code"]) == ("exited", 4)
-    assert base64.b64decode(status["data"]) == b"hi there\n"
+    assert (status["state"], status["code"], status["pid"]) == ("exited", 4, info["pid"])
+    assert base64.b64decode(status["data"]) == b"hi\n"
+    assert (status["offset"], status["size"]) == (3, 3)
+    assert status["ended"] >= status["started"]
+    assert (rundir / "worker-0.log").read_bytes() == b"hi\n"
+    assert json.loads((rundir / "worker-0.exit").read_text())["code"] == 4
+    # Reading on from an offset gives only the rest.
+    rest = poll(rundir, 0, offset=1)
+    assert base64.b64decode(rest["data"]) == b"i\n" and rest["offset"] == 3
+    assert wait_until_gone(run_id, 5) == []       # the supervisor exits right after the task
+
+
+def test_launch_passes_the_environment_from_stdin_and_runs_in_cwd(rundir):
+    hostile = "a b 'c' \"d\" $(touch x) `id` ;\nnaïve"
+    launch(rundir, 0, "/bin/sh", "-c", 'printf "%s|%s|%s" "$GREETING" "$TFDEPLOY_RUN_ID" "$PWD"',
+           env={"GREETING": hostile})
+    status = poll_until_ended(rundir, 0)
+    assert status["code"] == 0
+    assert base64.b64decode(status["data"]).decode() == f"{hostile}|{rundir.name}|{rundir}"
+    assert not (rundir / "x").exists()
+
+
+def test_path_variables_are_expanded_and_created_on_the_host(rundir, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    # The agent runs with a private HOME, so ~/ is that directory, not this user's home.
+    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name, "TFDEPLOY_OUTPUT_DIR": "~/out/put"}}
+    agent("launch", str(rundir), "0", str(rundir), "--", "/bin/sh", "-c",
+          'printf %s "$TFDEPLOY_OUTPUT_DIR"', stdin=json.dumps(doc), env=env)
+    status = poll_until_ended(rundir, 0)
+    assert base64.b64decode(status["data"]).decode() == f"{home}/out/put"
+    assert (home / "out" / "put").is_dir()
+
+
+def test_a_program_that_cannot_start_exits_127(rundir):
+    launch(rundir, 0, str(rundir / "no-such-program"))
+    status = poll_until_ended(rundir, 0)
+    assert (status["state"], status["code"]) == ("exited", 127)
+    assert b"tfdeploy: cannot start" in base64.b64decode(status["data"])
+
+
+def test_poll_of_a_task_never_launched_is_pending(rundir):
+    status = poll(rundir, 7)
+    assert status == {"state": "pending", "size": 0, "offset": 0, "data": ""}
+
+
+def test_poll_refuses_a_directory_that_is_not_a_run(tmp_path):
+    done = run_agent("poll", str(tmp_path), "0:0")
+    assert done.returncode != 0 and "not a tfdeploy run directory" in done.stderr
+
+
+def test_a_killed_supervisor_makes_the_task_lost(rundir):
+    info = launch(rundir, 0, "sleep", "60")
+    os.killpg(info["pgid"], signal.SIGKILL)      # the whole group, as a crash or OOM would
+    status = poll_until_ended(rundir, 0)
+    assert status["state"] == "lost" and "code" not in status
+
+
+def wait_for_processes(run_id: str, count: int, timeout: float = 10) -> None:
+    """Until the supervisor and its task (both carry the run's marker) are running."""
+    deadline = time.monotonic() + timeout
+    while len(processes_of_run(run_id)) < count:
+        assert time.monotonic() < deadline, "task did not start"
+        time.sleep(0.02)
+
+
+def test_stop_ends_a_sleeping_task_with_sigterm(rundir, run_id):
+    info = launch(rundir, 0, "sleep", "60")
+    wait_for_processes(run_id, 2)                 # the supervisor and sleep
+    result = agent("stop", str(rundir), "1")
+    assert result == {"signalled": {"0": ["SIGTERM"]}, "survivors": []}
+    assert processes_of_run(run_id) == []
+    status = poll_until_ended(rundir, 0)
+    # The supervisor outlives the TERM and records how its child ended: 128 + SIGTERM.
+    assert (status["state"], status["code"]) == ("exited", 128 + signal.SIGTERM)
+    assert status["pid"] == info["pid"]
+    # Stopping again finds nothing to signal.
+    assert agent("stop", str(rundir), "1") == {"signalled": {}, "survivors": []}
+
+
+def test_stop_escalates_to_kill_for_a_task_that_ignores_term(rundir, run_id):
+    launch(rundir, 0, sys.executable, "-c",
+           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           "print('ready', flush=True); time.sleep(60)")
+    wait_for_log(rundir, 0, b"ready\n")
+    result = agent("stop", str(rundir), "0.3")
+    assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
+    assert processes_of_run(run_id) == []
+    assert poll_until_ended(rundir, 0)["state"] in ("exited", "lost")
 
 
 def test_follow_streams_until_every_task_has_ended(rundir):
     launch(rundir, 0, "/bin/sh", "-c", "echo one; sleep 0.3; echo two")
-    launch(rundir, 1, "/bin/sh", "-c", "exit 0")
+    launch(rundir, 1, "/bin/sh", "-c", "exit 3")
     done = subprocess.run([sys.executable, str(AGENT), "follow", str(rundir), "0:0", "1:0"],
                           capture_output=True, text=True, timeout=30, check=True)
     docs = [json.loads(line) for line in done.stdout.splitlines()]
@@ -78,57 +212,120 @@ def test_follow_streams_until_every_task_has_ended(rundir):
     assert logged == b"one\ntwo\n"
     finals = {}
     for doc in docs:
-        for task, status in doc["tasks"].items():
-            finals[task] = status
+        finals.update(doc["tasks"])
     assert {t: (s["state"], s["code"]) for t, s in finals.items()} == {
-        "0": ("exited", 0), "1": ("exited", 0)}
+        "0": ("exited", 0), "1": ("exited", 3)}
 
 
-def test_stop_escalates_to_kill_for_a_task_that_ignores_term(rundir):
-    launch(rundir, 0, sys.executable, "-c",
-           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
-    time.sleep(0.5)
-    result = agent("stop", str(rundir), "0.5")
-    assert result["survivors"] == []
-    assert result["signalled"]["0"] == ["SIGTERM", "SIGKILL"]
-    status = poll_until_ended(rundir, 0)
-    assert status["state"] in ("exited", "lost")
-
-
-def test_cleanup_deletes_only_its_own_run_directory(rundir, tmp_path):
+def test_cleanup_refuses_a_directory_not_named_after_its_run(rundir, tmp_path, run_id):
     impostor = tmp_path / "work" / "runs" / "other-name"
     impostor.mkdir()
-    (impostor / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
-    refused = subprocess.run([sys.executable, str(AGENT), "cleanup", str(impostor), "1"],
-                             capture_output=True, text=True)
+    (impostor / "run.json").write_text(json.dumps({"run_id": run_id}))
+    refused = run_agent("cleanup", str(impostor), "1")
     assert refused.returncode != 0 and "refusing to delete" in refused.stderr
-    assert impostor.exists()
+    assert (impostor / "run.json").exists()
+    # Named after the run, but not below a runs/ directory.
+    stray = tmp_path / "elsewhere" / run_id
+    stray.mkdir(parents=True)
+    (stray / "run.json").write_text(json.dumps({"run_id": run_id}))
+    refused = run_agent("cleanup", str(stray), "1")
+    assert refused.returncode != 0 and "refusing to delete" in refused.stderr
+    assert stray.exists()
+    # No run.json at all.
+    bare = tmp_path / "work" / "runs" / "bare"
+    bare.mkdir()
+    refused = run_agent("cleanup", str(bare), "1")
+    assert refused.returncode != 0 and "not a tfdeploy run directory" in refused.stderr
+    assert bare.exists()
+
+
+def test_cleanup_stops_the_run_and_removes_its_directory(rundir, tmp_path, run_id):
     launch(rundir, 0, "sleep", "60")
+    wait_for_processes(run_id, 2)
+    (rundir / "output").mkdir()
+    (rundir / "output" / "model.bin").write_bytes(b"\0" * 10)
     result = agent("cleanup", str(rundir), "1")
-    assert result["survivors"] == [] and not rundir.exists()
-    assert (tmp_path / "work" / "runs").exists()
+    assert result["survivors"] == [] and result["removed"] == os.path.realpath(rundir)
+    assert result["signalled"] == {"0": ["SIGTERM"]}
+    assert not rundir.exists()
+    assert (tmp_path / "work" / "runs").is_dir()       # only the run's own directory goes
+    assert processes_of_run(run_id) == []
 
 
-def test_bundle_holds_payload_agent_and_identity(tmp_path):
-    payload = tmp_path / "payload"
-    (payload / "pkg" / "__pycache__").mkdir(parents=True)
-    (payload / "train.py").write_text("print('hi')\n")
-    (payload / "pkg" / "util.py").write_text("X = 1\n")
-    (payload / "pkg" / "__pycache__" / "util.cpython-311.pyc").write_bytes(b"\0")
-    with tarfile.open(fileobj=io.BytesIO(build_bundle(payload, "train.py", RUN_ID))) as tar:
-        names = sorted(tar.getnames())
-        assert json.load(tar.extractfile("run.json")) == {"run_id": RUN_ID}
-    assert names == ["payload/pkg/util.py", "payload/train.py", "run.json", "tfdeploy_agent.py"]
+def test_unknown_verb_fails(rundir):
+    done = run_agent("explode", str(rundir))
+    assert done.returncode != 0 and "unknown verb" in done.stderr
 
 
-def test_bundle_refuses_bad_payloads(tmp_path):
+# ---- a planned run, pushed and launched through the local transport --------------------------
+
+TRAIN = """\
+import json, os, sys
+names = json.loads(os.environ["EXPECT_NAMES"])
+with open(os.path.join(os.environ["TFDEPLOY_OUTPUT_DIR"], "result.txt"), "w") as f:
+    f.write("saved")
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(),
+                  "env": {k: os.environ.get(k) for k in names}}))
+"""
+
+
+def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
+    canary = tmp_path / "pwned"
     payload = tmp_path / "payload"
     payload.mkdir()
-    with pytest.raises(BundleError, match="entry script 'train.py' not found"):
-        build_bundle(payload, "train.py", RUN_ID)
-    (payload / "train.py").write_text("")
-    (payload / "secrets").symlink_to("/etc")
-    with pytest.raises(BundleError, match="symlink points outside the payload"):
-        build_bundle(payload, "train.py", RUN_ID)
-    with pytest.raises(BundleError, match="does not exist"):
-        build_bundle(tmp_path / "missing", "train.py", RUN_ID)
+    (payload / "train.py").write_text(TRAIN)
+    workdir = tmp_path / "work dir"                   # a space in every path on the way
+    inventory = parse_inventory(
+        f"hosts:\n  - {{name: h, transport: local, workdir: '{workdir}', python: '{sys.executable}'}}\n",
+        "h.yaml", environ={})
+    (host,) = inventory.hosts
+    env = {"HOSTILE": EnvValue(f"$(touch {canary}) `touch {canary}` ; 'q' \"dq\"\nline 2 ☃"),
+           "SECRET": EnvValue("s3cr3t $HOME", secret=True), "EMPTY": EnvValue("")}
+    names = sorted(["HOSTILE", "SECRET", "EMPTY", "TF_CONFIG", "TF_USE_LEGACY_KERAS",
+                    "PYTHONUNBUFFERED", "TFDEPLOY_RUN_ID", "TFDEPLOY_TASK_INDEX",
+                    "TFDEPLOY_NUM_WORKERS", "TFDEPLOY_OUTPUT_DIR"])
+    env["EXPECT_NAMES"] = EnvValue(json.dumps(names))
+    host = dataclasses.replace(host, env=env)
+    args = ("--note", f"$(touch {canary})", "it's", "", "a  b", "line\nbreak", "`id`", "--", "*")
+    plan = plan_run(Inventory("h.yaml", (host,)), Options(payload=str(payload), args=args),
+                    run_id, {0: 23456})
+    (hp,) = plan.hosts
+    (task,) = hp.tasks
+    transport = LocalTransport(host)
+
+    pushed = transport.run(hp.push.line, stdin=build_bundle(payload, "train.py", run_id))
+    assert pushed.code == 0, pushed.stderr
+    rundir = Path(hp.run_dir)
+    assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
+
+    wire = json.dumps({"env": {k: v.value for k, v in task.env.items()}})   # as session.py does
+    started = transport.run(task.launch.line, stdin=wire.encode())
+    assert started.code == 0, started.stderr
+    deadline = time.monotonic() + 15
+    while True:
+        answer = transport.run(poll_command(host, hp.run_dir, {0: 0}))
+        status = json.loads(answer.stdout)["tasks"]["0"]
+        if status["state"] in ("exited", "lost") or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    log = base64.b64decode(status["data"]).decode()
+    assert (status["state"], status["code"]) == ("exited", 0), log
+    seen = json.loads(log)
+    assert seen["argv"] == list(args)
+    assert seen["cwd"] == f"{rundir}/payload"
+    assert seen["env"] == {k: task.env[k].value for k in names}
+    assert seen["env"]["SECRET"] == "s3cr3t $HOME"
+    assert not canary.exists()
+
+    fetched = transport.run(fetch_output_command(hp.run_dir))
+    with tarfile.open(fileobj=io.BytesIO(fetched.stdout)) as tar:
+        assert tar.extractfile("./result.txt").read() == b"saved"
+
+    stopped = json.loads(transport.run(stop_command(host, hp.run_dir, 1)).stdout)
+    assert stopped == {"signalled": {}, "survivors": []}
+    cleaned = json.loads(transport.run(cleanup_command(host, hp.run_dir, 1)).stdout)
+    assert cleaned["survivors"] == [] and not rundir.exists()
+    assert (workdir / "runs").is_dir()
+    # A second cleanup (the run dir is gone) answers instead of failing.
+    again = transport.run(cleanup_command(host, hp.run_dir, 1))
+    assert again.code == 0 and json.loads(again.stdout) == {"survivors": [], "absent": True}

@@ -1,4 +1,9 @@
-"""Inventory loading: good files become frozen values, bad ones name file, line, host, field."""
+"""Inventory loading: good files become frozen values, bad ones name file, line, host, field.
+
+The bad-inventory corpus is tests/unit/bad_inventories/NAME.yaml, one case per file; EXPECTED
+below says, for each, where the error must point and which words its message must contain.
+A file without an entry (or an entry without a file) fails test_corpus_and_table_match.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -6,66 +11,159 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from deploy.inventory import EnvValue, InventoryError, load_inventory, parse_inventory
+from deploy.inventory import (EnvValue, Host, InventoryError, load_inventory, parse_inventory,
+                              workdir_problem)
 
 BAD = Path(__file__).with_name("bad_inventories")
+REPO = Path(__file__).resolve().parents[2]
+ANY = object()       # "don't check": used where a fixed version may reasonably differ
 
-# file -> (line, host, field, words the message must contain)
+# file -> (line, host, field, fragments the message must contain)
+#   line None: the error has no line (nothing in the file to point at)
+#   host None / field None: the message names no host / no field
 EXPECTED = {
-    "address_with_space": (3, "a", "address", "no spaces"),
-    "bad_env_name": (4, "a", "env", "not a valid environment variable name"),
-    "bad_policy": (4, "a", "host_key_policy", "strict, accept-new"),
-    "bad_transport": (4, "a", "transport", "ssh, local"),
-    "duplicate_name": (4, "a", "name", "duplicate name"),
-    "empty_hosts": (1, None, "hosts", "non-empty list"),
-    "env_list": (4, "a", "env", "mapping"),
-    "invalid_yaml": (4, None, None, "not valid YAML"),
-    "missing_address": (2, "a", "address", "missing"),
-    "missing_name": (2, "#1", "name", "missing"),
-    "port_high": (2, "a", "port", "between 1 and 65535"),
-    "port_string": (4, "a", "port", "whole number"),
-    "port_zero": (4, "a", "port", "between 1 and 65535"),
-    "reserved_prefix": (4, "a", "env", "set by tfdeploy itself"),
-    "reserved_tf_config": (4, "a", "env", "set by tfdeploy itself"),
-    "same_machine_workdir": (4, "b", "workdir", "would collide"),
-    "unknown_default": (2, None, "defaults.name", "unknown field"),
-    "unknown_host_field": (4, "a", "wrokers", "unknown field"),
-    "unknown_top": (4, None, "extra", "unknown top-level field"),
-    "unset_var": (4, "a", "env", "is not set in this shell's environment"),
-    "workdir_dotdot": (4, "a", "workdir", "'..'"),
-    "workdir_home": (4, "a", "workdir", "directory of its own"),
-    "workdir_relative": (4, "a", "workdir", "absolute"),
-    "workdir_root": (4, "a", "workdir", "directory of its own"),
-    "workers_word": (4, "a", "workers", "whole number"),
-    "workers_zero": (4, "a", "workers", "at least 1"),
+    # unknown fields, at each level
+    "unknown_top": (4, None, "extra", ["unknown top-level field", "defaults, hosts"]),
+    "unknown_host_field": (4, "a", "wrokers", ["unknown field 'wrokers'", "workers"]),
+    "unknown_default": (2, None, "defaults.name", ["unknown field 'name'"]),
+    # wrong types
+    "port_string": (4, "a", "port", ["whole number", "'22'"]),
+    "port_bool": (4, "a", "port", ["whole number", "True"]),
+    "workers_word": (4, "a", "workers", ["whole number", "'two'"]),
+    "user_number": (4, "a", "user", ["must be a string", "1000"]),
+    "env_list": (4, "a", "env", ["mapping of NAME: value"]),
+    "env_value_list": (4, "a", "env", ["LIST", "string or number"]),
+    "env_secret_typo": (4, "a", "env", ["TOKEN", "{value: ..., secret: true}"]),
+    "defaults_wrong_type": (2, "a", "workers", ["whole number", "'2'"]),  # line of the default
+    "defaults_not_mapping": (1, None, "defaults", ["must be a mapping"]),
+    "not_a_mapping": (1, None, None, ["expected a mapping with a 'hosts' list"]),
+    "empty_file": (None, None, None, ["expected a mapping with a 'hosts' list"]),
+    "hosts_not_list": (1, None, "hosts", ["non-empty list"]),
+    "host_not_mapping": (2, None, "hosts", ["host #1 must be a mapping"]),
+    # names
+    "duplicate_name": (4, "a", "name", ["duplicate name", "also host #1"]),
+    "missing_name": (2, "#1", "name", ["missing"]),
+    "bad_host_name": (2, "a b", "name", ["letters, digits"]),
+    # address, port, workers
+    "missing_address": (2, "a", "address", ["missing", "SSH"]),
+    "address_with_space": (3, "a", "address", ["no spaces"]),
+    "port_zero": (4, "a", "port", ["between 1 and 65535", "not 0"]),
+    "port_high": (2, "a", "port", ["between 1 and 65535", "not 70000"]),   # set in defaults
+    "workers_zero": (4, "a", "workers", ["at least 1", "not 0"]),
+    "workers_zero_second_host": (7, "b", "workers", ["at least 1"]),
+    # workdir
+    "workdir_root": (4, "a", "workdir", ["directory of its own", "'/'"]),
+    "workdir_home": (4, "a", "workdir", ["directory of its own", "'~'"]),
+    "workdir_relative": (4, "a", "workdir", ["absolute or start with ~/", "'relative/dir'"]),
+    "workdir_dotdot": (4, "a", "workdir", ["'..'", "'~/../x'"]),
+    "same_machine_workdir": (4, "b", "workdir", ["same machine and workdir as host 'a'",
+                                                 "would collide"]),
+    "same_ssh_target_workdir": (8, "c", "workdir", ["same machine and workdir as host 'b'"]),
+    # YAML itself
+    "invalid_yaml": (4, None, None, ["not valid YAML"]),
+    "invalid_yaml_indent": (5, None, None, ["not valid YAML"]),
+    "empty_hosts": (1, None, "hosts", ["non-empty list"]),
+    # env
+    "bad_env_name": (4, "a", "env", ["1BAD", "not a valid environment variable name"]),
+    "reserved_tf_config": (4, "a", "env", ["TF_CONFIG", "set by tfdeploy itself"]),
+    "reserved_prefix": (4, "a", "env", ["TFDEPLOY_X", "set by tfdeploy itself"]),
+    "unset_var": (4, "a", "env", ["TOKEN", "${TFDEPLOY_TEST_UNSET_VAR} is not set"]),
+    # transport, host key policy
+    "bad_transport": (4, "a", "transport", ["ssh, local", "'telnet'"]),
+    "bad_policy": (4, "a", "host_key_policy", ["strict, accept-new", "'yes-to-all'"]),
+}
+
+# Inputs that once slipped through or crashed the loader: (what went wrong, the exception it
+# raised instead or None, what the error must at least say).
+REGRESSIONS = {
+    "port_null": ("`port:` with no value (null) crashes with TypeError instead of an "
+                  "InventoryError", TypeError, (4, "a", "port", [])),
+    "workers_null": ("`workers: ~` (null, e.g. to undo a default) crashes with TypeError "
+                     "instead of an InventoryError", TypeError, (6, "a", "workers", [])),
+    "name_trailing_newline": ("HOST_NAME uses `$`, which also matches before a final newline, "
+                              "so the name 'a\\n' is accepted", None, (2, ANY, "name", [])),
+    "env_name_trailing_newline": ("ENV_NAME uses `$`, which also matches before a final "
+                                  "newline, so the variable 'FOO\\n' is accepted", None,
+                                  (4, "a", "env", [])),
+    "recursive_alias": ("a self-referencing YAML alias makes _Located._walk recurse forever "
+                        "(RecursionError)", RecursionError, (ANY, ANY, ANY, [])),
+    "same_workdir_spelled_twice": ("workdirs are compared as strings: /srv/tf and /srv//tf on "
+                                   "one machine collide but are accepted", None,
+                                   (5, "b", "workdir", ["would collide"])),
+    "not_utf8": ("a file that is not UTF-8 raises UnicodeDecodeError (no file name) instead "
+                 "of an InventoryError", UnicodeDecodeError, (ANY, None, None, [])),
 }
 
 
 def test_corpus_and_table_match():
-    assert sorted(p.stem for p in BAD.glob("*.yaml")) == sorted(EXPECTED)
+    assert sorted(p.stem for p in BAD.glob("*.yaml")) == sorted({**EXPECTED, **REGRESSIONS})
+    assert not set(EXPECTED) & set(REGRESSIONS)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_bad_inventory_is_refused_with_a_located_message(name):
-    line, host, field, words = EXPECTED[name]
-    path = BAD / f"{name}.yaml"
+def check_located(path: Path, expected) -> None:
+    line, host, field, fragments = expected
     with pytest.raises(InventoryError) as caught:
         load_inventory(path, environ={})
     error = caught.value
     message = str(error)
-    assert (error.line, error.host, error.field) == (line, host, field), message
-    assert message.startswith(f"{path}:{line}: ")
-    assert words in message
-    if host:
-        assert f"host {host!r}" in message
-    if field:
-        assert f"field {field!r}" in message
+    assert error.file == str(path)
+    where = f"{path}:{error.line}: " if error.line else f"{path}: "
+    assert message.startswith(where), message
+    if line is not ANY:
+        assert error.line == line, message
+    if host is not ANY:
+        assert error.host == host, message
+        if host is None:
+            assert ": host '" not in message
+        else:
+            assert f": host {host!r}: " in message
+    if field is not ANY:
+        assert error.field == field, message
+        if field is None:
+            assert ": field '" not in message
+        else:
+            assert f": field {field!r}: " in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bad_inventory_is_refused_with_a_located_message(name):
+    check_located(BAD / f"{name}.yaml", EXPECTED[name])
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_inputs_that_once_crashed_the_loader_are_refused_cleanly(name):
+    check_located(BAD / f"{name}.yaml", REGRESSIONS[name][2])
+
+
+def test_message_format_matches_the_readme():
+    text = "hosts:\n  - name: a\n    address: h\n  - name: b\n    address: h2\n\n    workers: 0\n"
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(text, "lab.yaml", environ={})
+    assert str(caught.value) == "lab.yaml:7: host 'b': field 'workers': must be at least 1, not 0"
 
 
 def test_missing_file_names_the_file(tmp_path):
-    with pytest.raises(InventoryError, match="nope.yaml: cannot read inventory"):
-        load_inventory(tmp_path / "nope.yaml")
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(missing)
+    assert str(caught.value) == f"{missing}: cannot read inventory: No such file or directory"
+    assert caught.value.file == str(missing) and caught.value.line is None
+
+
+def test_unreadable_inventory_names_the_file(tmp_path):
+    # A directory cannot be read as a file even by root (a chmod 000 file can).
+    with pytest.raises(InventoryError, match=rf"^{tmp_path}: cannot read inventory: Is a directory"):
+        load_inventory(tmp_path)
+
+
+# ---- good inventories --------------------------------------------------------------------
+
+def parse(text: str, environ=None):
+    return parse_inventory(text, "good.yaml", environ={} if environ is None else environ)
 
 
 def test_defaults_merge_and_values_are_frozen():
@@ -73,34 +171,57 @@ def test_defaults_merge_and_values_are_frozen():
 defaults:
   user: alice
   port: 2222
-  workdir: /srv/tf
+  workdir: /srv/tf/
+  identity_file: ~/.ssh/lab
+  host_key_policy: accept-new
+  env: {FROM_DEFAULTS: d}
 hosts:
   - name: a
     address: 10.1.2.3
     workers: 2
-    env: {GREETING: hello, N: 3}
+    env: {GREETING: hello, N: 3, F: 0.5}
   - name: b
     address: b.lab
     cluster_address: 10.1.2.4
     port: 22
+    user: bob
 """
-    inv = parse_inventory(text, "lab.yaml", environ={})
+    inv = parse(text)
     a, b = inv.hosts
-    assert (a.user, a.port, a.workdir, a.workers, a.transport) == ("alice", 2222, "/srv/tf", 2, "ssh")
-    assert a.env == {"GREETING": EnvValue("hello"), "N": EnvValue("3")}
-    assert a.tf_address == "10.1.2.3"
-    assert (b.port, b.tf_address, b.python, b.known_hosts) == (22, "10.1.2.4", "python3",
-                                                              "~/.ssh/known_hosts")
-    assert inv.task_count == 3
+    assert a == Host(name="a", address="10.1.2.3", transport="ssh", port=2222, user="alice",
+                     identity_file="~/.ssh/lab", known_hosts="~/.ssh/known_hosts",
+                     host_key_policy="accept-new", python="python3", workdir="/srv/tf",
+                     cluster_address="", workers=2,
+                     env={"GREETING": EnvValue("hello"), "N": EnvValue("3"), "F": EnvValue("0.5")})
+    # A host's own value wins over the default; a host without env gets the default env.
+    assert (b.port, b.user, b.workers, b.workdir) == (22, "bob", 1, "/srv/tf")
+    assert b.env == {"FROM_DEFAULTS": EnvValue("d")}
+    assert inv.task_count == 3 and inv.path == "good.yaml"
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.port = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.env["GREETING"].value = "x"
+    assert isinstance(inv.hosts, tuple)
+
+
+def test_cluster_address_defaults_to_the_ssh_address():
+    a, b = parse("hosts:\n  - {name: a, address: gpu-a.lab}\n"
+                 "  - {name: b, address: gpu-b.lab, cluster_address: 10.0.0.2}\n").hosts
+    assert (a.cluster_address, a.tf_address, a.label) == ("", "gpu-a.lab", "a (gpu-a.lab)")
+    assert (b.cluster_address, b.tf_address) == ("10.0.0.2", "10.0.0.2")
 
 
 def test_local_host_defaults_to_loopback_and_this_python():
-    inv = parse_inventory("hosts:\n  - {name: here, transport: local}\n", "h.yaml", environ={})
-    (host,) = inv.hosts
-    assert host.address == "127.0.0.1"
-    assert host.python == sys.executable
+    (host,) = parse("hosts:\n  - {name: here, transport: local}\n").hosts
+    assert (host.address, host.python, host.tf_address) == ("127.0.0.1", sys.executable,
+                                                           "127.0.0.1")
+    assert host.label == "here"
+    # Explicit values still win, and an ssh host keeps python3.
+    (mine,) = parse("hosts:\n  - {name: here, transport: local, python: /opt/py, "
+                    "address: 10.9.9.9}\n").hosts
+    assert (mine.python, mine.address) == ("/opt/py", "10.9.9.9")
+    (remote,) = parse("hosts:\n  - {name: r, address: r.lab}\n").hosts
+    assert remote.python == "python3"
 
 
 def test_secrets_from_the_environment_and_marked_in_the_file():
@@ -112,14 +233,77 @@ hosts:
       API_KEY: ${MY_KEY}
       TOKEN: {value: abc, secret: true}
       PLAIN: {value: shown}
+      NOT_SECRET: {value: 7, secret: false}
 """
-    (host,) = parse_inventory(text, "s.yaml", environ={"MY_KEY": "k-123"}).hosts
-    assert host.env["API_KEY"] == EnvValue("k-123", secret=True)
-    assert host.env["TOKEN"] == EnvValue("abc", secret=True)
-    assert host.env["PLAIN"] == EnvValue("shown", secret=False)
-    assert host.env["API_KEY"].shown() == "***"
+    (host,) = parse(text, environ={"MY_KEY": "k-123 $(x)"}).hosts
+    assert host.env == {"API_KEY": EnvValue("k-123 $(x)", secret=True),
+                        "TOKEN": EnvValue("abc", secret=True),
+                        "PLAIN": EnvValue("shown", secret=False),
+                        "NOT_SECRET": EnvValue("7", secret=False)}
+    assert host.env["API_KEY"].shown() == "***" and host.env["TOKEN"].shown() == "***"
+    assert host.env["PLAIN"].shown() == "shown"
+
+
+def test_env_vars_come_from_the_given_mapping_not_os_environ(monkeypatch, tmp_path):
+    monkeypatch.setenv("TFD_UNIT_ONLY_IN_OS", "from-os")
+    text = "hosts:\n  - {name: a, address: h, env: {K: '${TFD_UNIT_ONLY_IN_OS}'}}\n"
+    with pytest.raises(InventoryError, match=r"\$\{TFD_UNIT_ONLY_IN_OS\} is not set"):
+        parse(text, environ={})
+    assert parse(text, environ={"TFD_UNIT_ONLY_IN_OS": "given"}).hosts[0].env["K"].value == "given"
+    # load_inventory without a mapping uses this process's environment.
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    assert load_inventory(path).hosts[0].env["K"] == EnvValue("from-os", secret=True)
 
 
 def test_the_default_inventory_is_two_local_workers():
-    inv = load_inventory(Path(__file__).resolve().parents[2] / "hosts.yaml")
-    assert [(h.transport, h.workers) for h in inv.hosts] == [("local", 2)]
+    inv = load_inventory(REPO / "hosts.yaml", environ={})
+    assert [(h.name, h.transport, h.workers, h.address, h.python) for h in inv.hosts] == [
+        ("local", "local", 2, "127.0.0.1", sys.executable)]
+
+
+def test_a_local_and_an_ssh_host_may_share_a_workdir_string():
+    # Different machines: no collision even though the workdir strings are equal.
+    inv = parse("hosts:\n  - {name: a, transport: local}\n  - {name: b, address: 10.0.0.1}\n"
+                "  - {name: c, address: 10.0.0.1, port: 2222}\n")
+    assert [h.name for h in inv.hosts] == ["a", "b", "c"]
+
+
+# ---- properties of single fields -----------------------------------------------------------
+
+def one_host(**fields) -> str:
+    body = ", ".join(f"{k}: {v}" for k, v in fields.items())
+    return "hosts:\n  - {name: a, address: h, " + body + "}\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=-10**6, max_value=10**6))
+def test_port_is_accepted_exactly_in_range(port):
+    try:
+        host = parse(one_host(port=port)).hosts[0]
+    except InventoryError as exc:
+        assert not 1 <= port <= 65535
+        assert exc.field == "port" and f"not {port}" in str(exc)
+    else:
+        assert 1 <= port <= 65535 and host.port == port
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=-1000, max_value=1000))
+def test_workers_must_be_positive(workers):
+    try:
+        host = parse(one_host(workers=workers)).hosts[0]
+    except InventoryError as exc:
+        assert workers < 1 and exc.field == "workers"
+    else:
+        assert workers >= 1 and host.workers == workers
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="/~.ax-", max_size=12))
+def test_an_accepted_workdir_is_a_directory_of_its_own(workdir):
+    if workdir_problem(workdir) is None:
+        assert workdir.startswith("/") or workdir.startswith("~/")
+        parts = [p for p in workdir.split("/") if p not in ("", ".")]
+        assert ".." not in parts
+        assert parts and parts != ["~"]

@@ -1,19 +1,30 @@
-"""The planner against golden files, and the properties every plan must have."""
+"""The planner against golden files, and the properties every plan must have.
+
+Goldens live in tests/unit/golden/<case>.txt (plan_text) and <case>.json (plan_document);
+`TFDEPLOY_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_planner.py` rewrites them after an
+intended change (review the diff before keeping it).
+"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from deploy.inventory import parse_inventory
-from deploy.planner import Options, plan_run
+from deploy.inventory import load_inventory, parse_inventory
+from deploy.planner import (AGENT_FILE, Options, cleanup_command, plan_run, poll_command,
+                            stop_command)
 from deploy.plantext import plan_document, plan_text
 
 GOLDEN = Path(__file__).with_name("golden")
+REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "20260101-000000-abcdef"
+SECRET_FROM_ENV = "sk-secret-1"
+SECRET_IN_FILE = "tok-in-file-42"
 
+# The repo's hosts.yaml with python set, so the golden does not depend on this machine.
 LOCAL = """
 hosts:
   - name: local
@@ -21,7 +32,7 @@ hosts:
     workers: 2
     python: /opt/venv/bin/python
 """
-LAB = """
+LAB = f"""
 defaults:
   user: researcher
   python: ~/venv/bin/python
@@ -32,78 +43,180 @@ hosts:
     workers: 2
     env:
       DATASET: /data/set one
-      API_KEY: ${LAB_API_KEY}
+      API_KEY: ${{LAB_API_KEY}}
+      TOKEN: {{value: {SECRET_IN_FILE}, secret: true}}
   - name: b
     address: 10.1.2.4
     port: 2222
     workdir: /scratch/tf
 """
+LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
     "lab": (LAB, None, Options(args=("--epochs", "5", "--note", "it's $(fine)"))),
-    "lab_ports": (LAB, {0: 20000, 1: 20001, 2: 30000}, Options(entry="main.py")),
+    "lab_ports": (LAB, LAB_PORTS, Options(entry="main.py")),
 }
 
 
+def inventory_of(name):
+    return parse_inventory(CASES[name][0], f"{name}.yaml", environ={"LAB_API_KEY": SECRET_FROM_ENV})
+
+
 def plan_of(name):
-    text, ports, options = CASES[name]
-    inventory = parse_inventory(text, f"{name}.yaml", environ={"LAB_API_KEY": "sk-secret-1"})
-    return plan_run(inventory, options, RUN_ID, ports)
+    _, ports, options = CASES[name]
+    return plan_run(inventory_of(name), options, RUN_ID, ports)
 
 
 def check_golden(path: Path, actual: str) -> None:
     if os.environ.get("TFDEPLOY_UPDATE_GOLDEN") == "1":
         path.write_text(actual)
     assert path.exists(), f"missing golden {path}; regenerate with TFDEPLOY_UPDATE_GOLDEN=1"
-    assert actual == path.read_text(), f"{path.name} differs (TFDEPLOY_UPDATE_GOLDEN=1 rewrites)"
+    expected = path.read_text()
+    assert actual == expected, f"{path.name} differs (TFDEPLOY_UPDATE_GOLDEN=1 rewrites it)"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_plan_matches_golden_files(name):
+def test_plan_text_matches_golden(name):
+    check_golden(GOLDEN / f"{name}.txt", plan_text(plan_of(name)))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_plan_document_matches_golden(name):
+    check_golden(GOLDEN / f"{name}.json", json.dumps(plan_document(plan_of(name)), indent=2) + "\n")
+
+
+def test_no_stale_golden_files():
+    assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(
+        f"{name}.{ext}" for name in CASES for ext in ("txt", "json"))
+
+
+def test_local_case_is_the_repo_default_with_python_pinned():
+    default = load_inventory(REPO / "hosts.yaml", environ={})
+    pinned = [dataclasses.replace(h, python="/opt/venv/bin/python") for h in default.hosts]
+    assert list(inventory_of("local").hosts) == pinned
+
+
+def test_planning_is_pure_and_repeatable():
+    assert plan_text(plan_of("lab")) == plan_text(plan_of("lab"))
+    assert plan_of("lab_ports") == plan_of("lab_ports")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tasks_follow_the_inventory_and_worker_0_is_chief(name):
     plan = plan_of(name)
-    check_golden(GOLDEN / f"{name}.txt", plan_text(plan))
-    check_golden(GOLDEN / f"{name}.json", json.dumps(plan_document(plan), indent=2) + "\n")
+    inventory = inventory_of(name)
+    expected = [h.name for h in inventory.hosts for _ in range(h.workers)]
+    assert [t.host.name for t in plan.tasks] == expected
+    assert [t.index for t in plan.tasks] == list(range(len(expected)))
+    assert [t.name for t in plan.tasks] == [f"worker-{i}" for i in range(len(expected))]
+    assert [hp.host for hp in plan.hosts] == list(inventory.hosts)
+    assert plan.chief is plan.tasks[0] and plan.chief.index == 0
+    assert f"chief is worker-0 on {inventory.hosts[0].name}" in plan_text(plan)
 
 
-def test_tasks_follow_the_inventory_and_worker_0_is_chief():
-    plan = plan_of("lab_ports")
-    assert [(t.index, t.host.name) for t in plan.tasks] == [(0, "a"), (1, "a"), (2, "b")]
-    assert plan.chief.index == 0
-    cluster = ["10.1.2.3:20000", "10.1.2.3:20001", "10.1.2.4:30000"]
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_tf_config_lists_the_whole_cluster_and_its_own_index(name):
+    plan = plan_of(name)
+    _, ports, _ = CASES[name]
+    cluster = [t.endpoint for t in plan.tasks]
+    assert len(set(cluster)) == len(cluster) or ports is None
     for task in plan.tasks:
         config = json.loads(task.env["TF_CONFIG"].value)
         assert config == {"cluster": {"worker": cluster},
                           "task": {"type": "worker", "index": task.index}}
         assert task.tf_config == config
+        assert task.port == (ports or {}).get(task.index)
 
 
-def test_every_task_gets_the_launcher_environment():
+def test_explicit_ports_go_into_endpoints_and_the_cluster():
     plan = plan_of("lab_ports")
+    assert [t.endpoint for t in plan.tasks] == ["10.1.2.3:20000", "10.1.2.3:20001",
+                                                "10.1.2.4:30000"]
+    text = plan_text(plan)
+    assert "<port>" not in text and "chosen on each host at launch" not in text
+
+
+def test_without_ports_the_plan_says_they_are_chosen_at_launch():
+    plan = plan_of("lab")
+    assert all(t.port is None for t in plan.tasks)
+    assert [t.endpoint for t in plan.tasks] == ["10.1.2.3:<port>", "10.1.2.3:<port>",
+                                                "10.1.2.4:<port>"]
+    assert "chosen on each host at launch" in plan_text(plan)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_task_gets_the_launcher_environment(name):
+    plan = plan_of(name)
     for hp in plan.hosts:
+        assert hp.run_dir == f"{hp.host.workdir}/runs/{RUN_ID}"
         for task in hp.tasks:
             env = {k: v.value for k, v in task.env.items()}
             assert env["TF_USE_LEGACY_KERAS"] == "1"
             assert env["PYTHONUNBUFFERED"] == "1"
             assert env["TFDEPLOY_RUN_ID"] == RUN_ID
             assert env["TFDEPLOY_TASK_INDEX"] == str(task.index)
-            assert env["TFDEPLOY_NUM_WORKERS"] == "3"
+            assert env["TFDEPLOY_NUM_WORKERS"] == str(len(plan.tasks))
             assert env["TFDEPLOY_OUTPUT_DIR"] == f"{hp.run_dir}/output"
-            assert hp.run_dir == f"{hp.host.workdir}/runs/{RUN_ID}"
+            assert env["TFDEPLOY_OUTPUT_DIR"].startswith(hp.run_dir + "/")
+            # The host's own env comes on top, unchanged.
+            for key, value in hp.host.env.items():
+                assert task.env[key] == value
 
 
-def test_secrets_never_appear_in_what_is_shown():
+def test_commands_name_the_run_dir_and_agent():
     plan = plan_of("lab")
-    assert plan.tasks[0].env["API_KEY"].value == "sk-secret-1"
-    shown = plan_text(plan) + json.dumps(plan_document(plan))
-    assert "sk-secret-1" not in shown
-    assert "API_KEY=***" in plan_text(plan)
-    # Environment values travel on stdin, so no command line carries them.
-    for task in plan.tasks:
-        assert "sk-secret-1" not in task.launch.line
+    a, b = plan.hosts
+    assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
+    assert b.push.line == f"mkdir -p {b.run_dir} && tar -xzf - -C {b.run_dir}"
+    assert b.ports.line == (f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} ports {b.run_dir} 5")
+    launch = plan.tasks[2].launch.line
+    assert launch.startswith(f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} launch {b.run_dir} 2 "
+                             f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")
+    assert stop_command(b.host, b.run_dir, 2.5).endswith(f" stop {b.run_dir} 2.5")
+    assert poll_command(b.host, b.run_dir, {2: 10}).endswith(f" poll {b.run_dir} 2:10")
+    assert f"cleanup {b.run_dir} 3" in cleanup_command(b.host, b.run_dir, 3.0)
+    # A ~/ workdir stays unquoted so that the host expands its own home.
+    assert a.push.line.startswith("mkdir -p ~/.tfdeploy/runs/")
 
 
-def test_without_ports_the_plan_says_they_are_chosen_at_launch():
-    plan = plan_of("lab")
-    assert all(t.port is None for t in plan.tasks)
-    assert "<port>" in plan.tasks[0].env["TF_CONFIG"].value
-    assert "chosen on each host at launch" in plan_text(plan)
+@pytest.mark.parametrize("name", ["lab", "lab_ports"])
+def test_secrets_are_starred_everywhere_they_are_shown(name):
+    plan = plan_of(name)
+    for task in plan.hosts[0].tasks:
+        assert task.env["API_KEY"].value == SECRET_FROM_ENV and task.env["API_KEY"].secret
+        assert task.env["TOKEN"].value == SECRET_IN_FILE and task.env["TOKEN"].secret
+        assert task.env["DATASET"].value == "/data/set one" and not task.env["DATASET"].secret
+    text = plan_text(plan)
+    document = plan_document(plan)
+    assert "env API_KEY=***" in text and "env TOKEN=***" in text
+    assert "env DATASET=/data/set one" in text
+    for task_doc in document["hosts"][0]["tasks"]:
+        assert task_doc["env"]["API_KEY"] == "***" and task_doc["env"]["TOKEN"] == "***"
+    shown = [text, json.dumps(document), json.dumps(document, ensure_ascii=False)]
+    # Environment values travel on stdin, so no command line carries them either.
+    for hp in plan.hosts:
+        shown += [str(hp.push), str(hp.ports), cleanup_command(hp.host, hp.run_dir, 3)]
+        shown += [str(t.launch) for t in hp.tasks]
+    for secret in (SECRET_FROM_ENV, SECRET_IN_FILE):
+        for where in shown:
+            assert secret not in where
+
+
+def test_the_document_is_plain_json_with_the_plan_identity():
+    document = plan_document(plan_of("lab"))
+    assert json.loads(json.dumps(document)) == document
+    assert (document["run_id"], document["entry"], document["args"]) == (
+        RUN_ID, "train.py", ["--epochs", "5", "--note", "it's $(fine)"])
+    assert [h["name"] for h in document["hosts"]] == ["a", "b"]
+    assert [t["task"] for h in document["hosts"] for t in h["tasks"]] == [
+        "worker-0", "worker-1", "worker-2"]
+
+
+def test_update_mode_rewrites_a_golden(tmp_path, monkeypatch):
+    golden = tmp_path / "x.txt"
+    golden.write_text("old\n")
+    with pytest.raises(AssertionError, match="TFDEPLOY_UPDATE_GOLDEN=1"):
+        check_golden(golden, "new\n")
+    monkeypatch.setenv("TFDEPLOY_UPDATE_GOLDEN", "1")
+    check_golden(golden, "new\n")
+    assert golden.read_text() == "new\n"

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import base64
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
 
 from deploy.progress import TaskProgress, losses_agree, parse_event
 
@@ -10,33 +14,130 @@ def chunk(data: bytes, offset: int, size: int, **status) -> dict:
     return {"data": base64.b64encode(data).decode(), "offset": offset, "size": size, **status}
 
 
+def feed_in_pieces(log: bytes, cuts: list[int], final_state: str = "exited") -> tuple[TaskProgress, list[str]]:
+    """Send `log` as poll answers cut at `cuts`; the last answer says the task ended."""
+    task = TaskProgress(0, "h")
+    bounds = [0] + sorted(set(c for c in cuts if 0 < c < len(log))) + [len(log)]
+    lines = []
+    for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        last = n == len(bounds) - 2
+        status = {"state": final_state, "code": 0} if last else {"state": "running"}
+        lines += task.update(chunk(log[start:end], end, len(log), **status))[1]
+    return task, lines
+
+
 def test_lines_split_across_chunks_come_out_whole():
     task = TaskProgress(0, "a")
-    _, lines = task.update(chunk(b'hello\n{"event": "epoch", "epo', 28, 100, state="running"))
-    assert lines == ["hello"]
+    raw, lines = task.update(chunk(b'hello\n{"event": "epoch", "epo', 28, 100, state="running"))
+    assert raw == b'hello\n{"event": "epoch", "epo' and lines == ["hello"]
+    assert task.partial == b'{"event": "epoch", "epo' and task.epoch is None
     _, lines = task.update(chunk(b'ch": 1, "loss": 0.5, "accuracy": 0.9}\nwor', 68, 100))
     assert lines == ['{"event": "epoch", "epoch": 1, "loss": 0.5, "accuracy": 0.9}']
     assert (task.epoch, task.loss, task.metrics) == (1, 0.5, {"loss": 0.5, "accuracy": 0.9})
     assert task.first_step and task.speaks_events
+    assert task.state == "running" and not task.finished
     # The last line has no newline; it is shown once the task has ended and all is read.
     _, lines = task.update(chunk(b"ld", 70, 70, state="exited", code=0, started=1.0, ended=4.5))
     assert lines == ["world"]
     assert task.finished and not task.failed and task.duration == 3.5
+    assert task.tail == ["hello", '{"event": "epoch", "epoch": 1, "loss": 0.5, "accuracy": 0.9}',
+                         "world"]
 
 
-def test_lost_or_nonzero_tasks_are_failures():
+def test_partial_line_waits_while_log_bytes_remain_unread():
+    task = TaskProgress(0, "a")
+    # Exited, but the agent has more log than it sent (offset < size): not finished yet.
+    _, lines = task.update(chunk(b"abc\nde", 6, 10, state="exited", code=0))
+    assert lines == ["abc"] and not task.finished and task.partial == b"de"
+    _, lines = task.update(chunk(b"f\ngh", 10, 10))
+    assert lines == ["def", "gh"] and task.finished and task.partial == b""
+    # Nothing more to say afterwards.
+    assert task.update(chunk(b"", 10, 10))[1] == []
+
+
+def test_a_running_task_keeps_its_partial_line():
+    task = TaskProgress(0, "a")
+    assert task.update(chunk(b"no newline yet", 14, 14, state="running"))[1] == []
+    assert task.update(chunk(b"", 14, 14, state="running"))[1] == []
+    assert task.update(chunk(b"", 14, 14, state="lost"))[1] == ["no newline yet"]
+
+
+def test_crlf_and_invalid_utf8_and_characters_split_between_chunks():
+    snow = "☃".encode()
+    log = b"dos line\r\n" + snow[:1]
+    task = TaskProgress(0, "a")
+    assert task.update(chunk(log, len(log), 20, state="running"))[1] == ["dos line"]
+    rest = snow[1:] + b" ok\n\xff\xfe bad\n"
+    assert task.update(chunk(rest, 20, 20, state="running"))[1] == ["☃ ok", "\ufffd\ufffd bad"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["", "a", "epoch ☃", '{"event": "epoch", "epoch": 2, "loss": 1}',
+                                 "x" * 30, "\r"]), max_size=8),
+       st.booleans(), st.lists(st.integers(min_value=0, max_value=400), max_size=10))
+def test_any_chunking_gives_the_same_lines(pieces, newline_at_end, cuts):
+    text = "\n".join(pieces) + ("\n" if newline_at_end and pieces else "")
+    log = text.encode()
+    _, lines = feed_in_pieces(log, cuts)
+    _, whole = feed_in_pieces(log, [])
+    *whole_lines, partial = text.split("\n")
+    # Whole lines lose a trailing \r; the final partial line (if any) is shown as it is.
+    expected = [line.rstrip("\r") for line in whole_lines] + ([partial] if partial else [])
+    assert lines == whole == expected
+
+
+def test_tail_keeps_the_last_lines():
+    task = TaskProgress(0, "a")
+    log = "".join(f"line {i}\n" for i in range(100)).encode()
+    task.update(chunk(log, len(log), len(log), state="running"), tail_lines=5)
+    assert task.tail == [f"line {i}" for i in range(95, 100)]
+
+
+def test_status_fields_and_failures():
     lost = TaskProgress(1, "b")
-    lost.update(chunk(b"", 0, 0, state="lost"))
-    assert lost.finished and lost.failed
+    lost.update(chunk(b"", 0, 0, state="lost", pid=123, started=2.0))
+    assert lost.finished and lost.failed and lost.pid == 123 and lost.duration is None
+    assert lost.name == "worker-1"
     crashed = TaskProgress(2, "b")
     crashed.update(chunk(b"", 0, 0, state="exited", code=3))
-    assert crashed.failed
+    assert crashed.finished and crashed.failed and crashed.code == 3
+    pending = TaskProgress(3, "b")
+    pending.update({"state": "pending", "size": 0, "offset": 0, "data": ""})
+    assert not pending.finished and not pending.failed
+    running = TaskProgress(4, "b")
+    running.update(chunk(b"", 0, 0, state="running"))
+    running.update(chunk(b"", 0, 0))          # state carries over when an answer omits it
+    assert running.state == "running" and not running.finished
+
+
+def test_events_set_first_step_epoch_loss_and_metrics():
+    task = TaskProgress(0, "a")
+    log = "\n".join([
+        "plain output",
+        json.dumps({"event": "first_step", "task": 0}),
+        json.dumps({"event": "epoch", "task": 0, "epoch": 1, "loss": 2, "acc": 0.1, "note": "x"}),
+        json.dumps({"event": "epoch", "task": 0, "epoch": 2, "loss": 0.5, "acc": 0.7}),
+        json.dumps({"event": "epoch", "task": 0, "epoch": 3, "loss": "n/a"}),
+    ]).encode() + b"\n"
+    task.update(chunk(log, len(log), len(log), state="running"))
+    assert task.first_step and task.speaks_events
+    assert task.losses == [2.0, 0.5] and task.loss == 0.5 and task.epoch == 3
+    assert task.metrics == {}       # the last epoch line carried no numeric metric
+
+
+def test_plain_output_does_not_count_as_events():
+    task = TaskProgress(0, "a")
+    task.update(chunk(b"Epoch 1/3 loss: 0.5\n{not json}\n", 30, 30, state="running"))
+    assert not task.speaks_events and not task.first_step and task.losses == []
 
 
 def test_parse_event_ignores_ordinary_output():
     assert parse_event('{"event": "first_step", "task": 0}') == {"event": "first_step", "task": 0}
-    for line in ("plain text", "{not json}", '{"no_event": 1}', "[1, 2]", ""):
-        assert parse_event(line) is None
+    assert parse_event('  {"event": "epoch", "epoch": 1}  \r') == {"event": "epoch", "epoch": 1}
+    for line in ("plain text", "{not json}", '{"no_event": 1}', "[1, 2]", "", "{", "}",
+                 '"{}"', '{"event": 1', 'prefix {"event": "epoch"}', "{}", "null",
+                 '{"event": "epoch"} trailing', "{'event': 'epoch'}"):
+        assert parse_event(line) is None, line
 
 
 def with_losses(*series):
@@ -48,9 +149,28 @@ def with_losses(*series):
     return tasks
 
 
-def test_losses_agree():
-    assert losses_agree(with_losses([1.0, 0.5], [1.0, 0.5])) is True
-    assert losses_agree(with_losses([1.0, 0.5], [1.0, 0.6])) is False
-    assert losses_agree(with_losses([1.0, 0.5], [1.0])) is False
-    assert losses_agree(with_losses([1.0])) is None
-    assert losses_agree(with_losses([], [])) is None
+@pytest.mark.parametrize("series, expected", [
+    (([1.0, 0.5], [1.0, 0.5]), True),
+    (([1.0, 0.5], [1.0, 0.5], [1.0, 0.5]), True),
+    (([1.0, 0.5], [1.0, 0.5 + 1e-9]), True),            # within rel_tol
+    (([1000.0], [1000.0 + 1e-4]), True),                # tolerance scales with the value
+    (([1.0, 0.5], [1.0, 0.6]), False),
+    (([1.0, 0.5], [1.0, 0.5], [1.0, 0.6]), False),
+    (([1.0, 0.5], [1.0]), False),                       # a task that stopped early
+    (([1e-9], [2e-9 + 1e-6]), False),
+    (([1.0],), None),                                   # one task: nothing to compare
+    (([], []), None),                                   # no losses printed
+    ((), None),
+])
+def test_losses_agree(series, expected):
+    assert losses_agree(with_losses(*series)) is expected
+
+
+def test_a_nan_loss_does_not_agree_with_a_number():
+    # JSON from Python's json.dumps(float('nan')) is NaN, which parse_event accepts.
+    task = TaskProgress(1, "h")
+    line = json.dumps({"event": "epoch", "epoch": 2, "loss": float("nan")}).encode() + b"\n"
+    task.update(chunk(line, len(line), len(line), state="running"))
+    task.losses = [1.0] + task.losses
+    good = with_losses([1.0, 0.5])[0]
+    assert losses_agree([good, task]) is False

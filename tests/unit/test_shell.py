@@ -1,25 +1,37 @@
-"""Quoting: hostile values reach the program literally through a real POSIX shell."""
+"""Quoting: hostile values reach the program literally through a real POSIX shell (/bin/sh,
+run locally as a subprocess; nothing here touches the network)."""
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from deploy.inventory import parse_inventory
+from deploy.inventory import EnvValue, Inventory, parse_inventory
 from deploy.planner import Options, plan_run
-from deploy.shell import quote, quote_path, split_args
+from deploy.shell import join, quote, quote_path, split_args
 
-HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/pwned)", "`id`", "; rm -rf ~", "line\nbreak",
-           "naïve ☃", "$HOME", "*", "-n", "", "\\", "'\"'\"'"]
-texts = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)))
+HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
+           "line\nbreak", "trailing\n", "\n", "naïve ☃ 日本", "$HOME", "${HOME}", "*", "?",
+           "[a]", "-n", "-e", "--", "", " ", "\\", "\\n", "'\"'\"'", "a|b&c>d<e", "#comment",
+           "~", "~/x", "%s%d", "\t", "\x7f\x01", "!", "{a,b}"]
+# Any text a str can hold, except NUL (no argv can carry it) and lone surrogates (no bytes).
+texts = st.text(st.characters(exclude_characters="\0", exclude_categories=("Cs",)))
+HOME = os.path.expanduser("~")
 
 
 def through_shell(command: str) -> bytes:
-    return subprocess.run(["/bin/sh", "-c", command], capture_output=True, check=True).stdout
+    return subprocess.run(["/bin/sh", "-c", command], capture_output=True, check=True,
+                          timeout=10).stdout
+
+
+def printf_words(words: str) -> list[bytes]:
+    """What `printf '%s\\0' WORDS` gives: each word the shell made, NUL-terminated."""
+    out = through_shell(f"printf '%s\\0' {words}")
+    assert out.endswith(b"\0")
+    return out[:-1].split(b"\0")
 
 
 @settings(max_examples=150, deadline=None)
@@ -29,39 +41,105 @@ def test_any_value_survives_a_real_shell(value):
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-def test_hostile_values_are_not_executed(value):
+def test_hostile_values_are_not_executed(value, tmp_path):
+    canary = tmp_path / "pwned"
+    value = value.replace("/tmp/tfdeploy-pwned", str(canary))
     assert through_shell(f"printf %s {quote(value)}") == value.encode()
+    assert not canary.exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(texts, max_size=5))
+def test_quoted_words_stay_separate_words(words):
+    assert printf_words("x " + join([quote(w) for w in words])) == [b"x"] + [
+        w.encode() for w in words]
 
 
 def test_nul_is_refused():
-    with pytest.raises(ValueError):
-        quote("a\0b")
+    for value in ("a\0b", "\0", "end\0"):
+        with pytest.raises(ValueError, match="NUL"):
+            quote(value)
+    with pytest.raises(ValueError, match="NUL"):
+        quote_path("~/a\0b")
 
 
 def test_quote_path_lets_the_host_expand_its_home():
-    home = os.path.expanduser("~")
-    assert through_shell(f"printf %s {quote_path('~/x y')}") == f"{home}/x y".encode()
+    assert through_shell(f"printf %s {quote_path('~/x y')}") == f"{HOME}/x y".encode()
+    assert through_shell(f"printf %s {quote_path('~')}") == HOME.encode()
+    assert through_shell(f"printf %s {quote_path('~/')}") == f"{HOME}/".encode()
+    # Only a leading ~/ is the host's home; anything else is literal.
     assert through_shell(f"printf %s {quote_path('/tmp/$(id)')}") == b"/tmp/$(id)"
-    assert quote_path("~") == "~"
+    assert through_shell(f"printf %s {quote_path('/a/~/b')}") == b"/a/~/b"
+    assert through_shell(f"printf %s {quote_path('~root/x')}") == b"~root/x"
+    assert through_shell(f"printf %s {quote_path('~/~/x')}") == f"{HOME}/~/x".encode()
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts)
+def test_quote_path_under_home_is_literal_after_the_tilde(rest):
+    assert through_shell(f"printf %s {quote_path('~/' + rest)}") == f"{HOME}/{rest}".encode()
 
 
 def test_split_args_like_a_shell_and_refuses_unbalanced_quotes():
     assert split_args("--epochs 3 --name 'a b'") == ["--epochs", "3", "--name", "a b"]
-    with pytest.raises(ValueError, match="cannot split --args"):
-        split_args("--name 'open")
+    assert split_args('--x "it\'s" --y a\\ b') == ["--x", "it's", "--y", "a b"]
+    assert split_args("") == [] and split_args("   ") == []
+    assert split_args("--note '$(id)'") == ["--note", "$(id)"]
+    for bad in ("--name 'open", '--name "open', "trailing\\"):
+        with pytest.raises(ValueError, match="cannot split --args"):
+            split_args(bad)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(texts, max_size=5))
+def test_split_args_undoes_quote(words):
+    assert split_args(" ".join(quote(w) for w in words)) == words
+
+
+# ---- the planned launch command, as the host's shell sees it --------------------------------
+
+SECRET = "s3cr3t-$(touch /tmp/tfdeploy-pwned)-`id`-'q'"
+
+
+def local_plan(args, env_values):
+    inventory = parse_inventory("hosts:\n  - {name: h, transport: local, python: /py}\n",
+                                "h.yaml", environ={})
+    (host,) = inventory.hosts
+    host = dataclasses.replace(host, env={f"V{i}": EnvValue(v, secret=(i == 0))
+                                          for i, v in enumerate(env_values)})
+    plan = plan_run(Inventory("h.yaml", (host,)), Options(args=tuple(args)), "r1", {0: 1})
+    return plan.tasks[0]
+
+
+def launch_tail(task) -> str:
+    """The words after the agent's `--`: interpreter, entry script and the script's args."""
+    line = task.launch.line
+    assert line.count(" -- ") >= 1
+    return line.split(" -- ", 1)[1]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(texts, max_size=4))
-def test_launch_arguments_arrive_literally(args):
-    """The launch line's argv tail, run by a shell, gives the script exactly these args."""
-    inventory = parse_inventory("hosts:\n  - {name: h, transport: local, python: /py}\n",
-                                "h.yaml", environ={})
-    plan = plan_run(inventory, Options(args=tuple(args)), "r1", {0: 1})
-    tail = plan.tasks[0].launch.line.split(" -- ", 1)[1]
-    # Replace the interpreter and script with a program that prints its argv.
-    words = tail.split(" ", 2)
-    rest = words[2] if len(words) > 2 else ""
-    echo = f"{quote(sys.executable)} -c 'import sys, json; print(json.dumps(sys.argv[1:]))'"
-    out = through_shell(f"{echo} {rest}")
-    assert json.loads(out) == args
+@given(st.lists(texts, max_size=4), st.lists(texts, max_size=3))
+def test_launch_arguments_arrive_literally(args, env_values):
+    task = local_plan(args, env_values)
+    words = printf_words(launch_tail(task))
+    assert words == [b"/py", b"train.py"] + [a.encode() for a in args]
+    # Environment values are not on the command line at all: they go as JSON on stdin.
+    assert task.launch.stdin == "environment as JSON"
+    for i, value in enumerate(env_values):
+        assert task.env[f"V{i}"].value == value
+
+
+def test_hostile_args_and_env_in_a_planned_launch(tmp_path):
+    canary = str(tmp_path / "pwned")
+    args = [a.replace("/tmp/tfdeploy-pwned", canary) for a in HOSTILE]
+    secret = SECRET.replace("/tmp/tfdeploy-pwned", canary)
+    task = local_plan(args, [secret, "$(touch %s)" % canary, "multi\nline"])
+    assert printf_words(launch_tail(task)) == [b"/py", b"train.py"] + [a.encode() for a in args]
+    assert secret not in task.launch.line and "multi\nline" not in task.launch.line
+    # The words before the tail are the agent's own and also come out as they should.
+    head = task.launch.line.split(" -- ", 1)[0]
+    assert printf_words(head) == [b"/py", f"{HOME}/.tfdeploy/runs/r1/tfdeploy_agent.py".encode(),
+                                  b"launch", f"{HOME}/.tfdeploy/runs/r1".encode(), b"0",
+                                  f"{HOME}/.tfdeploy/runs/r1/payload".encode()]
+    assert not os.path.exists(canary)
