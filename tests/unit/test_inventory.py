@@ -113,18 +113,14 @@ def check_located(path: Path, expected) -> None:
     assert message.startswith(where), message
     if line is not ANY:
         assert error.line == line, message
-    if host is not ANY:
-        assert error.host == host, message
-        if host is None:
-            assert ": host '" not in message
+    for kind, want in (("host", host), ("field", field)):
+        if want is ANY:
+            continue
+        assert getattr(error, kind) == want, message
+        if want is None:
+            assert f": {kind} '" not in message
         else:
-            assert f": host {host!r}: " in message
-    if field is not ANY:
-        assert error.field == field, message
-        if field is None:
-            assert ": field '" not in message
-        else:
-            assert f": field {field!r}: " in message
+            assert f": {kind} {want!r}: " in message
     for fragment in fragments:
         assert fragment in message, message
 
