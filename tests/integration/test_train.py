@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -200,3 +201,48 @@ def test_multi_input_model_trains_on_two_workers(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((only_run(runs) / "summary.json").read_text())
     assert summary["losses_agree"] is True
+
+
+def test_training_survives_a_controller_killed_outright(lab_inventory, tmp_path):
+    """Tasks run detached on their hosts: losing the controller (SIGKILL, a dropped laptop
+    connection) is not what ends training."""
+    inventory, hosts = lab_inventory
+    runs = tmp_path / "runs"
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "train", "--hosts", str(inventory), "--runs-dir",
+         str(runs), "--args", "--epochs 500 --steps-per-epoch 5"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_id = None
+    try:
+        deadline = time.monotonic() + 120
+        while run_id is None and time.monotonic() < deadline:
+            logs = list(runs.glob("*/worker-0.log")) if runs.exists() else []
+            if logs and '"event": "epoch"' in logs[0].read_text():
+                run_id = logs[0].parent.name
+            time.sleep(0.2)
+        assert run_id, "training never reached its first epoch"
+        controller.kill()
+        controller.wait()
+        before = {h.name: len((Path(h.workdir) / "runs" / run_id / f"worker-{i}.log").read_bytes())
+                  for i, h in enumerate(hosts)}
+        time.sleep(3)
+        assert len(processes_of_run(run_id)) >= 2
+        for i, host in enumerate(hosts):
+            log = Path(host.workdir) / "runs" / run_id / f"worker-{i}.log"
+            assert len(log.read_bytes()) > before[host.name], "training went on"
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+        if run_id:
+            # The test started this run: end it by its own records, as `inv down` would.
+            for i, host in enumerate(hosts):
+                pid_file = Path(host.workdir) / "runs" / run_id / f"worker-{i}.pid"
+                if pid_file.exists():
+                    try:
+                        os.killpg(json.loads(pid_file.read_text())["pgid"], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            assert wait_until_gone(run_id, timeout=10) == []
+            for host in hosts:
+                shutil.rmtree(Path(host.workdir) / "runs" / run_id, ignore_errors=True)
