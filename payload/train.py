@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -78,9 +79,15 @@ def task_info(environ=None):
 def make_strategy(multi_worker):
     """MultiWorkerMirroredStrategy reads TF_CONFIG itself. It must be created before any
     other TensorFlow op runs, since it (re)configures the runtime to join the cluster."""
-    if multi_worker:
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    return tf.distribute.get_strategy()
+    if not multi_worker:
+        return tf.distribute.get_strategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    # Joining the cluster installs TensorFlow's own SIGTERM handler (a preemption notice),
+    # after which SIGTERM no longer stops the process: training just goes on. Put the
+    # default back so that stopping a run with TERM works. (While the constructor above
+    # waits for the other workers, TERM is still swallowed; only KILL ends it there.)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return strategy
 
 
 def synthetic_data():
@@ -101,10 +108,10 @@ def make_dataset(global_batch, multi_input):
     """Infinite, batched dataset of the *global* batch size; the strategy splits each
     global batch between the workers.
 
-    AutoShardPolicy.DATA: the default (AUTO) tries to shard by file, and this data has no
-    files, so each worker would train on everything and the tf.data logs would warn. DATA
-    makes every worker read the same pipeline and keep only its own share of each batch.
-    The pipeline must therefore be identical on all workers: fixed seeds everywhere.
+    AutoShardPolicy.DATA: the default (AUTO) first tries to give each worker its own
+    files; in-memory data has none, so AUTO falls back to DATA with a warning in the log.
+    Saying DATA outright: every worker runs the same pipeline and keeps only its share of
+    each batch. The pipeline must therefore be identical on all workers: fixed seeds.
     """
     xa, xb, y = synthetic_data()
     features = {"a": xa, "b": xb} if multi_input else np.concatenate([xa, xb], axis=1)
@@ -196,9 +203,10 @@ def save_model(model, output_dir, index, is_chief):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--steps-per-epoch", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--epochs", type=int, default=3, help="default: 3")
+    parser.add_argument("--steps-per-epoch", type=int, default=20, help="default: 20")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="per worker; the global batch is this times the workers (32)")
     parser.add_argument("--multi-input", action="store_true",
                         help="two-input functional model (two branches concatenated)")
     parser.add_argument("--output-dir",
@@ -212,11 +220,12 @@ def main(argv=None, callbacks=()):
     this, e.g. to kill a worker mid-run)."""
     args = parse_args(argv)
     task_type, index, workers, is_chief = task_info()
+    # Printed before joining the cluster: creating the strategy blocks until every worker
+    # has started, so "start" without "first_step" means "waiting for the others".
+    emit("start", index, workers=workers, run_id=os.environ.get("TFDEPLOY_RUN_ID"),
+         type=task_type, chief=is_chief, multi_input=args.multi_input)
     # A cluster in TF_CONFIG (even of one worker) means the launcher runs us: join it.
     strategy = make_strategy(multi_worker=bool(cluster_spec()))
-    emit("start", index, workers=workers, run_id=os.environ.get("TFDEPLOY_RUN_ID"),
-         type=task_type, chief=is_chief, replicas=strategy.num_replicas_in_sync,
-         multi_input=args.multi_input)
 
     # Same seeds on every worker: identical data order and, with the strategy's broadcast
     # of initial values from worker 0, identical weights, hence identical losses.
@@ -230,8 +239,9 @@ def main(argv=None, callbacks=()):
     cbs = []
     backup_dir = os.environ.get("TFDEPLOY_BACKUP_DIR")
     if backup_dir:
-        # Resumes from the last finished epoch after a restart. In multi-worker mode the
-        # chief writes the backup; all workers must be able to read it to resume.
+        # Resumes from the last finished epoch after a restart. Only the chief's backup
+        # is kept (<dir>/chief) and every worker restores from that path, so with workers
+        # on several hosts the directory must be shared storage.
         cbs.append(keras.callbacks.BackupAndRestore(backup_dir=backup_dir))
     cbs.append(JsonProgress(index))
     cbs.extend(callbacks)
