@@ -68,7 +68,8 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
             return
-        settings = RunSettings(runs_dir=Path(runs_dir), connect_timeout=seconds("--connect-timeout", connect_timeout),
+        settings = RunSettings(runs_dir=Path(runs_dir),
+                               connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
                                start_timeout=seconds("--start-timeout", start_timeout))
         code = run_training(inventory, options, settings, console)

@@ -159,47 +159,55 @@ def parse_requests(requests):
     return {task: int(offset) for task, offset in (item.split(":") for item in requests)}
 
 
-def poll(rundir, requests, thorough=True):
-    run_id = run_id_of(rundir)
+def poll(rundir, offsets, thorough=True):
+    """State and new log bytes of each task in `offsets` (task -> bytes already read).
+
+    `thorough` checks liveness against the run id in /proc, for one-off answers; the
+    follower's frequent loop uses the cheap process-group check instead."""
+    if thorough:
+        run_id = run_id_of(rundir)
+        alive = lambda pgid: bool(group_members(pgid, run_id))  # noqa: E731
+    else:
+        alive = group_exists
     tasks = {}
-    for task, offset in parse_requests(requests).items():
+    for task, offset in offsets.items():
         info = read_json(task_file(rundir, task, "pid"))
         status = {"state": "pending"}
         if info:
             # Liveness first, then the exit file: the supervisor writes it before it exits.
-            if thorough:
-                alive = bool(group_members(info["pgid"], run_id))
-            else:
-                alive = group_exists(info["pgid"])
+            running = alive(info["pgid"])
             ended = read_json(task_file(rundir, task, "exit"))
             status = {"pid": info["pid"], "started": info["started"]}
             if ended:
                 status.update(state="exited", code=ended["code"], ended=ended["ended"])
             else:
-                status["state"] = "running" if alive else "lost"
+                status["state"] = "running" if running else "lost"
         log = task_file(rundir, task, "log")
+        data = b""
         try:
             size = os.path.getsize(log)
-            with open(log, "rb") as f:
-                f.seek(offset)
-                data = f.read(MAX_CHUNK)
+            if size > offset:
+                with open(log, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(MAX_CHUNK)
         except OSError:
-            size, data = 0, b""
+            size = 0
         status.update(size=size, offset=offset + len(data),
                       data=base64.b64encode(data).decode("ascii"))
         tasks[task] = status
     return {"tasks": tasks}
 
 
-def follow(rundir, requests, interval=0.1, heartbeat=2.0):
+def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
     """Stream changes as they happen. One long-lived process is far cheaper than a new
     process per poll, which matters on hosts whose cores are busy training. The heartbeat
     makes a follower whose reader went away notice it (broken pipe) and exit."""
-    offsets = parse_requests(requests)
+    run_id_of(rundir)  # refuse a directory that is not a run's, once
+    offsets = dict(offsets)
     last = {}
     last_write = time.time()
     while True:
-        doc = poll(rundir, ["%s:%d" % item for item in offsets.items()], thorough=False)
+        doc = poll(rundir, offsets, thorough=False)
         changed = {}
         for task, status in doc["tasks"].items():
             offsets[task] = status["offset"]
@@ -269,10 +277,10 @@ def main(argv):
     elif verb == "ports":
         out = free_ports(int(args[1]))
     elif verb == "poll":
-        out = poll(args[0], args[1:])
+        out = poll(args[0], parse_requests(args[1:]))
     elif verb == "follow":
         try:
-            out = follow(args[0], args[1:])
+            out = follow(args[0], parse_requests(args[1:]))
         except BrokenPipeError:
             os._exit(0)
     elif verb == "stop":

@@ -99,12 +99,17 @@ def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, 
     return join(words)
 
 
+def task_offsets(offsets: Mapping[int, int]) -> list[str]:
+    """`TASK:OFFSET` arguments: which tasks to report and how much of each log is read."""
+    return [f"{i}:{o}" for i, o in sorted(offsets.items())]
+
+
 def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
-    return host_agent(host, rundir, "poll", *(f"{i}:{o}" for i, o in sorted(offsets.items())))
+    return host_agent(host, rundir, "poll", *task_offsets(offsets))
 
 
 def follow_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
-    return host_agent(host, rundir, "follow", *(f"{i}:{o}" for i, o in sorted(offsets.items())))
+    return host_agent(host, rundir, "follow", *task_offsets(offsets))
 
 
 def stop_command(host: Host, rundir: str, grace: float) -> str:

@@ -64,7 +64,8 @@ class Run:
             with LiveView(self.console, self.tasks, f"run {self.plan.run_id}") as view:
                 while not all(t.finished for t in self.tasks):
                     if deadline and time.monotonic() > deadline:
-                        deadline = self._check_started(start_timeout)
+                        self._check_started(start_timeout)
+                        deadline = 0.0
                     event = followers.next(timeout=0.25)
                     if event is None:
                         view.refresh()
@@ -83,11 +84,11 @@ class Run:
         finally:
             followers.close()
 
-    def _check_started(self, start_timeout: float) -> float:
-        """Fail the run if some task never reached its first training step; 0 = checked.
+    def _check_started(self, start_timeout: float) -> None:
+        """Fail the run if some task never reached its first training step.
         Only a payload that prints events is watched: of another one we cannot tell."""
         if not any(t.speaks_events for t in self.tasks):
-            return 0.0
+            return
         stuck = [t for t in self.tasks if not t.first_step and t.state not in ("exited", "lost")]
         if stuck and self.failure is None:
             names = ", ".join(f"{t.name} ({t.host})" for t in stuck)
@@ -97,7 +98,6 @@ class Run:
                                       f"training step within {start_timeout:g} s")
             say(self.console, self.failure[1] + " — stopping the run", "red")
             self.problems += self.session.stop(self.plan).values()
-        return 0.0
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}

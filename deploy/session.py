@@ -93,8 +93,8 @@ class Session:
         self._all("starting tasks", plan.hosts, start)
 
     def poll(self, plan: RunPlan, offsets: Mapping[int, int]):
-        """(answers by task index, errors by host name); a host that does not answer this
-        time is reported, not fatal: the next poll may reach it."""
+        """One answer per host: (answers by task index, errors by host name). Used for the
+        last read of the logs after a stop; live following goes through follow.py."""
         def ask(hp: HostPlan, t: Transport) -> dict:
             mine = {task.index: offsets[task.index] for task in hp.tasks}
             return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine), timeout=30),

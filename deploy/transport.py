@@ -7,6 +7,7 @@ output as bytes, so the executor never knows which kind of host it talks to.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ class LocalStream:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, 15)
+                os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
         self.proc.wait()

@@ -108,6 +108,20 @@ def test_crashing_task_stops_the_run_everywhere(lab_inventory, tmp_path):
     assert_nothing_left(run_dir, hosts)
 
 
+def wait_for_first_epoch(runs: Path, controller: subprocess.Popen, log_name: str,
+                         timeout: float = 120) -> str:
+    """The run id, once the controller's local copy of `log_name` shows an epoch."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = list(runs.glob(f"*/{log_name}")) if runs.exists() else []
+        if logs and '"event": "epoch"' in logs[0].read_text():
+            return logs[0].parent.name
+        assert controller.poll() is None, (
+            controller.stdout.read() if controller.stdout else "the controller exited")
+        time.sleep(0.2)
+    raise AssertionError("training never reached its first epoch")
+
+
 def test_ctrl_c_tears_down_and_exits_130(lab_inventory, tmp_path):
     inventory, hosts = lab_inventory
     runs = tmp_path / "runs"
@@ -117,15 +131,7 @@ def test_ctrl_c_tears_down_and_exits_130(lab_inventory, tmp_path):
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_id = None
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            logs = list(runs.glob("*/worker-1.log")) if runs.exists() else []
-            if logs and '"event": "epoch"' in logs[0].read_text():
-                run_id = logs[0].parent.name
-                break
-            assert controller.poll() is None, controller.stdout.read()
-            time.sleep(0.2)
-        assert run_id, "training never reached its first epoch"
+        run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
         assert processes_of_run(run_id), "the run's tasks should be running"
         controller.send_signal(signal.SIGINT)
         out, _ = controller.communicate(timeout=60)
@@ -214,13 +220,7 @@ def test_training_survives_a_controller_killed_outright(lab_inventory, tmp_path)
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_id = None
     try:
-        deadline = time.monotonic() + 120
-        while run_id is None and time.monotonic() < deadline:
-            logs = list(runs.glob("*/worker-0.log")) if runs.exists() else []
-            if logs and '"event": "epoch"' in logs[0].read_text():
-                run_id = logs[0].parent.name
-            time.sleep(0.2)
-        assert run_id, "training never reached its first epoch"
+        run_id = wait_for_first_epoch(runs, controller, "worker-0.log")
         controller.kill()
         controller.wait()
         before = {h.name: len((Path(h.workdir) / "runs" / run_id / f"worker-{i}.log").read_bytes())
