@@ -1,8 +1,6 @@
-"""`train`: one run from inventory to summary, with teardown whatever happens.
-
-Order matters for "bad input changes nothing anywhere": everything that can be checked locally
-(inventory, payload, args) is checked before any host is touched, and once anything has been
-written to a host, every way out goes through teardown.
+"""Following a run and ending it: one path for a run just launched (launch.py) and for one
+found again from its local record (reattach.py), so both end the same way: summary,
+artifacts, teardown on every host, the record's final state.
 """
 from __future__ import annotations
 
@@ -14,17 +12,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 
-from .bundle import build_bundle
-from .inventory import Inventory
-from .planner import Options, RunPlan, plan_run
-from .plantext import plan_document
-from .progress import TaskProgress, losses_agree
 from .follow import Followers
+from .planner import RunPlan
+from .progress import TaskProgress, losses_agree
+from .records import update_record
 from .session import Session, StepFailed
-from .view import LiveView, failure_panel, say, summary_table
+from .view import LiveView, failure_panel, prefixed, say, summary_table
 
 EXIT_INTERRUPTED = 130
 
@@ -37,6 +34,8 @@ class RunSettings:
     # A worker whose peer never comes waits for an hour and ignores SIGTERM: without this
     # watchdog a missing or blocked peer is a silent hang.
     start_timeout: float = 120.0
+    restarts: int = 0
+    detach: bool = False
 
 
 def new_run_id() -> str:
@@ -44,14 +43,56 @@ def new_run_id() -> str:
 
 
 class Run:
-    """The state of one run on the controller: its plan, its tasks' progress, its local files."""
+    """The state of one run on the controller: its plan, its tasks' progress, its local files.
+    The same object follows a run it just launched and one it found again from its record."""
 
-    def __init__(self, plan: RunPlan, session: Session, local_dir: Path, console: Console):
+    def __init__(self, plan: RunPlan, session: Session, local_dir: Path, console: Console,
+                 only_task: int | None = None, writes_logs: bool = True):
         self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
         self.tasks = [TaskProgress(t.index, t.host.name) for t in plan.tasks]
-        self.logs = {t.index: open(local_dir / f"{t.name}.log", "ab") for t in plan.tasks}
+        self.only_task = only_task          # `inv logs --task N`: print only its lines
+        self.writes_logs = writes_logs      # False while another controller follows the run
+        self.logs = {t.index: open(local_dir / f"{t.name}.log", "ab") for t in plan.tasks} \
+            if writes_logs else {}
         self.failure: tuple[TaskProgress, str] | None = None
         self.problems: list[str] = []
+        self.attempts: list[dict] = []
+        self.attempt = 1
+
+    def set_state(self, state: str, **fields) -> None:
+        update_record(self.dir, state=state, **fields)
+
+    def show(self, task: TaskProgress, lines: list[str], view: LiveView | None = None) -> None:
+        if self.only_task is not None and task.index != self.only_task:
+            return
+        if view:
+            view.lines(task, lines)
+        else:
+            for line in lines:
+                self.console.print(prefixed(task, line), markup=False, highlight=False,
+                                   soft_wrap=True)
+
+    def catch_up(self, print_lines: bool = True) -> None:
+        """Read every task's log on the hosts from where the local copy ends, to its end."""
+        while True:
+            answers, errors = self.session.poll(self.plan, self.offsets())
+            for name, error in errors.items():
+                raise StepFailed(f"{name}: reading the logs: {error}")
+            more = False
+            for task in self.tasks:
+                if task.index in answers:
+                    data, lines = task.update(answers[task.index])
+                    self._keep(task, data)
+                    if print_lines:
+                        self.show(task, lines)
+                    more = more or task.offset < task.size
+            if not more:
+                return
+
+    def _keep(self, task: TaskProgress, data: bytes) -> None:
+        if self.writes_logs and data:
+            self.logs[task.index].write(data)
+            self.logs[task.index].flush()
 
     def watch(self, start_timeout: float) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
@@ -104,8 +145,8 @@ class Run:
 
     def _apply(self, task: TaskProgress, doc: dict, view: LiveView) -> None:
         data, lines = task.update(doc)
-        self.logs[task.index].write(data)
-        view.lines(task, lines)
+        self._keep(task, data)
+        self.show(task, lines, view)
         if task.finished and task.failed and self.failure is None:
             self._fail(task)
 
@@ -122,71 +163,64 @@ class Run:
             log.close()
 
 
-def train(inventory: Inventory, options: Options, settings: RunSettings,
-          console: Console) -> int:
-    run_id = new_run_id()
-    bundle = build_bundle(Path(options.payload), options.entry, run_id)
-    skeleton = plan_run(inventory, options, run_id)
-    local_dir = settings.runs_dir / run_id
-    count = len(skeleton.tasks)
-    console.print(f"run [bold]{run_id}[/]: {count} task(s) on {len(inventory.hosts)} host(s); "
-                  f"local records in {local_dir}", highlight=False)
-    with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
-        session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
-    local_dir.mkdir(parents=True, exist_ok=True)
-    run: Run | None = None
-    plan = skeleton
-    interrupted = False
-    started = time.monotonic()
-    try:
-        with console.status(f"pushing payload ({len(bundle) / 1024:.0f} KiB) to "
-                            f"{len(inventory.hosts)} host(s)…"):
-            session.push(skeleton, bundle)
-            plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
-        _write_json(local_dir / "plan.json", plan_document(plan))
-        run = Run(plan, session, local_dir, console)
-        with console.status(f"starting {count} task(s)…"):
-            session.launch(plan)
-        console.print(f"started {count} task(s) in {time.monotonic() - started:.1f} s; "
-                      "cluster " + ", ".join(t.endpoint for t in plan.tasks), highlight=False)
+class Finish:
+    """How a run ends: which end-of-run steps run, in order."""
+    DONE = "done"                # the tasks ended: fetch artifacts, clean up
+    INTERRUPTED = "interrupted"  # Ctrl-C: stop, read the last log bytes, clean up
+    DOWN = "down"                # `inv down`: fetch artifacts, stop, read the rest, clean up
+
+
+def load_local_logs(run: Run, shown: Callable[[TaskProgress, list[str]], None] | None) -> None:
+    """Start from the local copies of the logs: their metrics count, and reading the hosts'
+    logs goes on from where they end, so no byte is printed or stored twice."""
+    for task in run.tasks:
+        path = run.dir / f"{task.name}.log"
+        lines = task.replay(path.read_bytes() if path.exists() else b"")
+        if shown:
+            shown(task, lines)
+
+
+def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
+    """Watch the run until every task has ended; on a failure, relaunch while `restarter`
+    allows (--restarts)."""
+    while True:
         run.watch(settings.start_timeout)
-    except KeyboardInterrupt:
-        interrupted = True
-        say(console, "interrupted: stopping every task of the run…", "yellow")
-    finally:
-        code = _finish(plan, session, run, local_dir, console, interrupted)
-    return code
+        if run.failure is None or restarter is None or not restarter.may_restart(run):
+            return
+        restarter.restart(run)
 
 
-def _finish(plan: RunPlan, session: Session, run: Run | None, local_dir: Path,
-            console: Console, interrupted: bool) -> int:
-    """Fetch what the run made, tear it down everywhere, write the summary. Runs on every exit
-    path after the first push, including Ctrl-C and errors."""
-    problems: list[str] = list(run.problems) if run else []
+def finish(run: Run, how: str, interrupted_by_user: bool = False) -> int:
+    """Fetch what the run made, tear it down everywhere, write the summary and the record.
+    Runs on every exit path once anything was started, including Ctrl-C and errors."""
+    plan, session, console, local_dir = run.plan, run.session, run.console, run.dir
+    problems: list[str] = list(run.problems)
     artifacts = 0
     # A second Ctrl-C must not cut teardown short and leave tasks behind; every remote step
     # here has its own timeout, so ignoring it cannot hang the controller forever.
     restore = _ignore_sigint()
     try:
         with console.status("stopping tasks and fetching results…"):
-            if run and not interrupted:
+            if how in (Finish.DONE, Finish.DOWN):
                 try:
                     artifacts = session.fetch_output(plan, local_dir / "artifacts")
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
-            if run and interrupted:
-                _drain_logs(run)
+            if how in (Finish.INTERRUPTED, Finish.DOWN):
+                problems += session.stop(plan).values()
+                if run.writes_logs:
+                    _drain_logs(run)
             problems += session.cleanup(plan).values()
     finally:
         session.close()
-        if run:
-            run.close_logs()
+        run.close_logs()
         restore()
-    code = _exit_code(run, interrupted, problems)
-    if run:
-        console.print(summary_table(run.tasks))
-        _write_json(local_dir / "summary.json", _summary(plan, run, artifacts, problems, code,
-                                                         interrupted))
+    code = _exit_code(run, how, problems)
+    console.print(summary_table(run.tasks))
+    write_json(local_dir / "summary.json", _summary(run, artifacts, problems, code, how))
+    state = {Finish.DONE: "finished", Finish.INTERRUPTED: "interrupted", Finish.DOWN: "down"}[how]
+    if not problems or how == Finish.DONE:
+        run.set_state(state, exit_code=code, ended=time.time())
     for problem in problems:
         say(console, f"teardown: {problem}", "bold red")
     if not problems:
@@ -208,29 +242,29 @@ def _ignore_sigint():
 def _drain_logs(run: Run) -> None:
     """After a stop, read what the tasks wrote last, so the local logs are complete."""
     try:
-        answers, _ = run.session.poll(run.plan, {t.index: t.offset for t in run.tasks})
-        for task in run.tasks:
-            if task.index in answers:
-                data, _ = task.update(answers[task.index])
-                run.logs[task.index].write(data)
+        run.catch_up(print_lines=False)
     except Exception:  # best effort: the run is being torn down anyway
         pass
 
 
-def _exit_code(run: Run | None, interrupted: bool, problems: list[str]) -> int:
-    if interrupted:
+def _exit_code(run: Run, how: str, problems: list[str]) -> int:
+    if how == Finish.INTERRUPTED:
         return EXIT_INTERRUPTED
-    if run is None or problems or run.failure:
+    if how == Finish.DOWN:
+        return 1 if problems else 0
+    if problems or run.failure:
         return 1
     return 0 if all(t.state == "exited" and t.code == 0 for t in run.tasks) else 1
 
 
-def _summary(plan: RunPlan, run: Run, artifacts: int, problems: list[str], code: int,
-             interrupted: bool) -> dict:
+def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str) -> dict:
     return {
-        "run_id": plan.run_id,
+        "run_id": run.plan.run_id,
         "exit_code": code,
-        "interrupted": interrupted,
+        "interrupted": how == Finish.INTERRUPTED,
+        "ended_by": how,
+        "attempts": run.attempt,
+        "failed_attempts": run.attempts,
         "failure": None if not run.failure else {
             "task": run.failure[0].name, "reason": run.failure[1]},
         "losses_agree": losses_agree(run.tasks),
@@ -244,7 +278,7 @@ def _summary(plan: RunPlan, run: Run, artifacts: int, problems: list[str], code:
     }
 
 
-def _write_json(path: Path, doc: dict) -> None:
+def write_json(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)
