@@ -118,6 +118,7 @@ def run_task(action, connect_timeout="10", accept_new_host_keys=False, **setting
 
 
 RUN_HELP = {
+    # A flag, not a positional: Invoke has no optional positional arguments.
     "run": "run id, or a unique prefix of one (default: the newest run in the runs dir)",
     "runs_dir": "where the local run records are (default: runs/)",
     "connect_timeout": "seconds to wait for each SSH connection (default: 10)",

@@ -88,8 +88,8 @@ def _detach(run: Run, settings: RunSettings) -> int:
     flag = "" if runs == Path("runs") else f" --runs-dir {runs}"
     run.console.print(f"run [bold]{rid}[/] is running detached on "
                       f"{len(run.plan.hosts)} host(s); nothing was torn down.", highlight=False)
-    say(run.console, f"  follow it:  inv logs {rid} --follow{flag}\n"
-                     f"  its state:  inv status {rid}{flag}\n"
-                     f"  stop it:    inv down {rid}{flag}")
+    say(run.console, f"  follow it:  inv logs --run {rid} --follow{flag}\n"
+                     f"  its state:  inv status --run {rid}{flag}\n"
+                     f"  stop it:    inv down --run {rid}{flag}")
     return 0
 

@@ -105,7 +105,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
             run.close_logs()
             run.set_state("detached", controller_pid=None)
             say(console, f"stopped following; run {doc['run_id']} goes on. "
-                         f"Stop it with: inv down {doc['run_id']}", "yellow")
+                         f"Stop it with: inv down --run {doc['run_id']}", "yellow")
             return EXIT_INTERRUPTED
         return finish(run, how)
     finally:

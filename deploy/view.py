@@ -106,7 +106,8 @@ def runs_table(records: list[dict], title: str) -> Table:
     """One row per local run record (records.py)."""
     table = Table(title=title, title_justify="left")
     for column in ("run", "started", "hosts", "tasks", "state"):
-        table.add_column(column)
+        # Ids and times are what a user copies: never wrapped or cut.
+        table.add_column(column, no_wrap=column in ("run", "started"))
     for doc in records:
         state = shown_state(doc)
         style = RUN_STATE_STYLES.get(doc.get("state"), "")
