@@ -73,6 +73,12 @@ def set_aside(rundir, task, attempt):
             os.replace(path, "%s.%d" % (path, attempt - 1))
 
 
+def ends_with_newline(path):
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 def launch(rundir, task, cwd, argv):
     doc = json.load(sys.stdin)
     attempt = int(doc["env"].get("TFDEPLOY_ATTEMPT", "1"))
@@ -87,7 +93,10 @@ def launch(rundir, task, cwd, argv):
             os.makedirs(env[key], exist_ok=True)
     log = open(task_file(rundir, task, "log"), "ab")
     if attempt > 1:
-        # One log per task across attempts; this line marks where a relaunch begins.
+        # One log per task across attempts; this line marks where a relaunch begins, on a
+        # line of its own even if the failed attempt died mid-line.
+        if log.tell() and not ends_with_newline(log.name):
+            log.write(b"\n")
         log.write(("==== tfdeploy: attempt %d of task %s starts at %s ====\n" % (
             attempt, task, time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
         log.flush()
