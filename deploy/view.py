@@ -107,7 +107,7 @@ def runs_table(records: list[dict], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("run", "started", "hosts", "tasks", "state"):
         # Ids and times are what a user copies: never wrapped or cut.
-        table.add_column(column, no_wrap=column in ("run", "started"))
+        table.add_column(column, no_wrap=column in ("run", "started", "state"))
     for doc in records:
         state = shown_state(doc)
         style = RUN_STATE_STYLES.get(doc.get("state"), "")
