@@ -20,7 +20,8 @@ Verbs (each prints one JSON document on stdout):
     ports RUNDIR COUNT                  free TCP ports, distinct from each other
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
     follow RUNDIR TASK:OFFSET...        the same as a stream of JSON lines, one per change,
-                                        until every task has ended and its log is read
+                                        until every task has ended and its log is read;
+                                        `stop GRACE` on its stdin stops the tasks at once
     stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
 """
@@ -31,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 MAX_CHUNK = 1 << 20
@@ -247,10 +249,33 @@ def poll(rundir, offsets, thorough=True):
 def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
     """Stream changes as they happen. One long-lived process is far cheaper than a new
     process per poll, which matters on hosts whose cores are busy training. The heartbeat
-    makes a follower whose reader went away notice it (broken pipe) and exit."""
+    makes a follower whose reader went away notice it (broken pipe) and exit.
+
+    It also takes `stop GRACE` lines on stdin and answers {"stopped": ...}: this process is
+    already running, so a stop sent through it acts at once, where a new command would first
+    wait for a Python to start on a host whose cores are busy training (seconds)."""
     run_id_of(rundir)  # refuse a directory that is not a run's, once
     offsets = dict(offsets)
     last = {}
+    out = threading.Lock()
+    stopping = threading.Lock()
+
+    def send(doc):
+        with out:
+            sys.stdout.write(json.dumps(doc) + "\n")
+            sys.stdout.flush()
+
+    def commands():
+        try:
+            for line in sys.stdin:
+                words = line.split()
+                if len(words) == 2 and words[0] == "stop":
+                    with stopping:
+                        send({"stopped": stop(rundir, float(words[1]))})
+        except (OSError, ValueError):
+            pass  # the reader went away; the heartbeat ends us
+
+    threading.Thread(target=commands, daemon=True).start()
     last_write = time.time()
     while True:
         doc = poll(rundir, offsets, thorough=False)
@@ -263,12 +288,12 @@ def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
             last[task] = key
         now = time.time()
         if changed or now - last_write > heartbeat:
-            sys.stdout.write(json.dumps({"tasks": changed}) + "\n")
-            sys.stdout.flush()
+            send({"tasks": changed})
             last_write = now
         if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
                for s in doc["tasks"].values()):
-            return None
+            with stopping:   # a stop in progress still gets to answer
+                return None
         if not any(s["offset"] < s["size"] for s in doc["tasks"].values()):
             time.sleep(interval)
 

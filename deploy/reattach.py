@@ -98,6 +98,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
                 return 0
             run.set_state("running", controller_pid=os.getpid())
             run.attempt = doc.get("attempt", 1)
+            run.interrupt_stops = False
             follow_to_end(run, settings)
         except KeyboardInterrupt:
             # Ctrl-C here stops following, not the run: it was left running on purpose.

@@ -4,6 +4,7 @@ artifacts, teardown on every host, the record's final state.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -24,6 +25,9 @@ from .session import Session, StepFailed
 from .view import LiveView, failure_panel, prefixed, say, summary_table
 
 EXIT_INTERRUPTED = 130
+# Seconds beyond the grace period to wait for a follower's answer to a stop before stopping
+# that host with a command of its own.
+STOP_ANSWER_SLACK = 10.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,11 @@ class Run:
         self.problems: list[str] = []
         self.attempts: list[dict] = []
         self.attempt = 1
+        # Ctrl-C while following stops the run (inv train), or only the following (inv logs).
+        self.interrupt_stops = True
+        self.followers: Followers | None = None
+        self.stop_pending: dict[str, float] = {}    # host -> when a fast stop was asked
+        self.stopped_clean = False                  # every host answered: nothing survived
 
     def set_state(self, state: str, **fields) -> None:
         update_record(self.dir, state=state, **fields)
@@ -96,7 +105,7 @@ class Run:
 
     def watch(self, start_timeout: float) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
-        followers = Followers(self.plan, self.session.transports)
+        followers = self.followers = Followers(self.plan, self.session.transports)
         by_index = {t.index: t for t in self.tasks}
         hosts = {hp.host.name: [by_index[t.index] for t in hp.tasks] for hp in self.plan.hosts}
         followers.start_all(self.offsets())
@@ -107,13 +116,13 @@ class Run:
                     if deadline and time.monotonic() > deadline:
                         self._check_started(start_timeout)
                         deadline = 0.0
+                    self._stop_slowly_if_unanswered()
                     event = followers.next(timeout=0.25)
                     if event is None:
                         view.refresh()
                         continue
                     if event.kind == "doc":
-                        for index, doc in event.doc["tasks"].items():
-                            self._apply(by_index[int(index)], doc, view)
+                        self._take(event, view)
                     elif not all(t.finished for t in hosts[event.host]):
                         # The stream broke (or ended early): follow again from where we are.
                         if event.error:
@@ -122,8 +131,80 @@ class Run:
                             raise StepFailed(f"{event.host}: lost contact while following the "
                                              f"run: {event.error or 'stream ended'}")
                     view.refresh()
+        except KeyboardInterrupt:
+            if self.interrupt_stops:
+                restore = _ignore_sigint()
+                try:
+                    self._stop_at_once(wait=True)
+                finally:
+                    restore()
+            raise
         finally:
             followers.close()
+            self.followers = None
+        # Asked to stop, but the tasks ended before a follower answered: nothing to wait for.
+        self.stop_pending.clear()
+
+    def stop_tasks(self) -> None:
+        """Stop every task: through the running followers when there are (at once), else
+        with one command per host."""
+        if self.followers is None:
+            self.problems += self.session.stop(self.plan).values()
+            return
+        self._stop_at_once(wait=False)
+
+    def _stop_at_once(self, wait: bool) -> None:
+        grace = self.plan.options.grace
+        failed = self.followers.send_stop(grace)
+        now = time.monotonic()
+        self.stop_pending.update({hp.host.name: now for hp in self.plan.hosts
+                                  if hp.host.name not in failed})
+        if failed:
+            self._stop_hosts(failed)
+        if not wait:
+            return
+        # Ctrl-C: wait for the answers (the loop that would read them is being left).
+        deadline = now + grace + STOP_ANSWER_SLACK
+        while self.stop_pending and time.monotonic() < deadline:
+            event = self.followers.next(timeout=0.25)
+            if event is None:
+                continue
+            if event.kind == "doc":
+                self._take(event, None)
+            elif event.host in self.stop_pending:
+                # Its follower ended (every task there ended) before answering.
+                self._stop_hosts([event.host])
+        self._stop_slowly_if_unanswered(force=True)
+        self.stopped_clean = not self.problems
+
+    def _take(self, event, view: LiveView | None) -> None:
+        """One follower document: task states and log bytes, or the answer to a stop."""
+        if "stopped" in event.doc:
+            self._stopped(event.host, event.doc["stopped"])
+            return
+        by_index = {t.index: t for t in self.tasks}
+        for index, doc in event.doc["tasks"].items():
+            self._apply(by_index[int(index)], doc, view)
+
+    def _stopped(self, host: str, answer: dict) -> None:
+        self.stop_pending.pop(host, None)
+        if answer.get("survivors"):
+            pids = ", ".join(map(str, answer["survivors"]))
+            self.problems.append(f"{host}: processes of the run still alive after SIGKILL: "
+                                 f"{pids}")
+
+    def _stop_slowly_if_unanswered(self, force: bool = False) -> None:
+        """A host whose follower did not answer a stop in time is stopped by a command."""
+        late = [h for h, asked in self.stop_pending.items()
+                if force or time.monotonic() - asked > self.plan.options.grace + STOP_ANSWER_SLACK]
+        if late:
+            self._stop_hosts(late)
+
+    def _stop_hosts(self, names: list[str]) -> None:
+        for name in names:
+            self.stop_pending.pop(name, None)
+        hosts = tuple(hp for hp in self.plan.hosts if hp.host.name in names)
+        self.problems += self.session.stop(dataclasses.replace(self.plan, hosts=hosts)).values()
 
     def _check_started(self, start_timeout: float) -> None:
         """Fail the run if some task never reached its first training step.
@@ -138,16 +219,16 @@ class Run:
             self.failure = (stuck[0], f"startup watchdog: {names} did not reach a first "
                                       f"training step within {start_timeout:g} s")
             say(self.console, self.failure[1] + " — stopping the run", "red")
-            self.problems += self.session.stop(self.plan).values()
+            self.stop_tasks()
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}
 
-    def _apply(self, task: TaskProgress, doc: dict, view: LiveView) -> None:
+    def _apply(self, task: TaskProgress, doc: dict, view: LiveView | None) -> None:
         data, lines = task.update(doc)
         self._keep(task, data)
         self.show(task, lines, view)
-        if task.finished and task.failed and self.failure is None:
+        if task.finished and task.failed and self.failure is None and view is not None:
             self._fail(task)
 
     def _fail(self, task: TaskProgress) -> None:
@@ -156,7 +237,7 @@ class Run:
         self.failure = (task, reason)
         self.console.print(failure_panel(task, reason))
         say(self.console, f"{task.name} failed: stopping the other tasks", "red")
-        self.problems += self.session.stop(self.plan).values()
+        self.stop_tasks()
 
     def close_logs(self) -> None:
         for log in self.logs.values():
@@ -206,7 +287,7 @@ def finish(run: Run, how: str, interrupted_by_user: bool = False) -> int:
                     artifacts = session.fetch_output(plan, local_dir / "artifacts")
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
-            if how in (Finish.INTERRUPTED, Finish.DOWN):
+            if how == Finish.DOWN or (how == Finish.INTERRUPTED and not run.stopped_clean):
                 problems += session.stop(plan).values()
                 if run.writes_logs:
                     _drain_logs(run)

@@ -393,3 +393,23 @@ def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(tmp_path
     nothing = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(tmp_path / "none"))],
                              capture_output=True, check=True).stdout
     assert nothing == b""
+
+
+def test_a_follower_stops_the_tasks_when_asked_on_its_stdin(rundir, run_id):
+    launch(rundir, 0, "sleep", "60")
+    wait_for_processes(run_id, 2)
+    follower = subprocess.Popen([sys.executable, str(AGENT), "follow", str(rundir), "0:0"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        follower.stdin.write("stop 5\n")
+        follower.stdin.flush()
+        out, _ = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert {"stopped": {"signalled": {"0": ["SIGTERM"]}, "survivors": []}} in docs
+    states = [d["tasks"]["0"]["state"] for d in docs if "0" in d.get("tasks", {})]
+    assert states[0] == "running" and states[-1] == "exited"
+    assert processes_of_run(run_id) == []
