@@ -75,6 +75,9 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
             return
+        if detach and count("--restarts", restarts):
+            raise ValueError("--restarts needs the controller that relaunches the run: it "
+                             "cannot be combined with --detach")
         settings = RunSettings(runs_dir=Path(runs_dir),
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,

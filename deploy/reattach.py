@@ -116,6 +116,12 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
 def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
     """Artifacts first, then TERM, KILL after the grace, a check of every host, cleanup."""
     local_dir = find_run(runs_dir, run_id)
+    doc = load_record(local_dir)
+    if doc["state"] not in ACTIVE_STATES and not _teardown_problems(local_dir):
+        # Its end already stopped everything and checked every host; a second summary
+        # would only overwrite the real one.
+        say(console, f"run {doc['run_id']} has already ended ({_describe(doc)}): nothing to stop")
+        return 0
     lock = FollowLock(local_dir)
     # Another controller following the run keeps writing its logs; only without one do we.
     mine = lock.acquire()
@@ -134,11 +140,19 @@ def _describe(doc: dict) -> str:
     return f"{shown_state(doc)}, started {started_text(doc)}"
 
 
+def _summary(local_dir: Path) -> dict:
+    try:
+        return json.loads((local_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _teardown_problems(local_dir: Path) -> list:
+    return _summary(local_dir).get("teardown_problems", ["no summary"])
+
+
 def _apply_summary(run: Run, local_dir: Path) -> None:
     """Exit codes of an ended run, from its summary.json (the hosts no longer know them)."""
-    try:
-        summary = json.loads((local_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return
+    summary = _summary(local_dir)
     for task, row in zip(run.tasks, summary.get("tasks", [])):
         task.state, task.code = row.get("state", task.state), row.get("exit_code")

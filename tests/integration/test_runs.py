@@ -102,6 +102,16 @@ def test_detach_status_and_logs_follow_complete_the_run(lab, tmp_path):
         assert record(runs, run_id)["state"] == "finished"
         assert "finished (exit 0)" in inv("runs", "--runs-dir", str(runs)).stdout
         assert_nothing_left(runs / run_id, hosts)
+        # An ended run is shown from its local records; `down` has nothing left to do.
+        ended = inv("status", "--run", run_id, "--runs-dir", str(runs))
+        assert ended.returncode == 0 and ended.stdout.count("│ exit 0 │") == 2, ended.stdout
+        again = inv("logs", "--run", run_id, "--runs-dir", str(runs))
+        assert again.returncode == 0 and again.stdout.count('"epoch": 6,') == 2
+        assert "has ended" in again.stdout
+        summary_before = (runs / run_id / "summary.json").read_text()
+        late = inv("down", "--run", run_id, "--runs-dir", str(runs))
+        assert late.returncode == 0 and "nothing to stop" in late.stdout
+        assert (runs / run_id / "summary.json").read_text() == summary_before
     finally:
         if run_id:
             kill_by_records(run_id, hosts)
@@ -120,6 +130,21 @@ def test_a_controller_killed_outright_is_replaced_by_logs_follow(lab, tmp_path):
         controller.kill()
         controller.wait()
         assert "running (no controller)" in inv("runs", "--runs-dir", str(runs)).stdout
+        # Ctrl-C to a follower stops the following, never the run.
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir", str(runs),
+             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(8)
+            watcher.send_signal(signal.SIGINT)
+            out, _ = watcher.communicate(timeout=60)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.wait()
+        assert watcher.returncode == 130, out
+        assert "goes on" in out and len(processes_of_run(run_id)) >= 4
+        assert record(runs, run_id)["state"] == "detached"
         done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow")
         assert done.returncode == 0, done.stdout + done.stderr
         summary = json.loads((runs / run_id / "summary.json").read_text())
@@ -225,3 +250,21 @@ def test_restarts_resume_from_the_carried_backup(lab, tmp_path):
         assert_nothing_left(run_dir, hosts)
     finally:
         kill_by_records(run_dir.name, hosts)
+
+
+def test_bad_references_are_clear_errors_and_touch_nothing(lab, tmp_path):
+    inventory, _ = lab
+    runs = tmp_path / "runs"
+    missing = inv("status", "--run", "nope", "--runs-dir", str(runs))
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stdout
+    empty = inv("down", "--runs-dir", str(runs))
+    assert empty.returncode == 2 and "no runs recorded" in empty.stdout
+    assert "no runs recorded" in inv("runs", "--runs-dir", str(runs)).stdout
+    both = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--detach",
+               "--restarts", "1")
+    assert both.returncode == 2 and "cannot be combined with --detach" in both.stdout
+    word = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--restarts", "x")
+    assert word.returncode == 2 and "--restarts takes a whole number" in word.stdout
+    assert not runs.exists()
+    for task in ("runs", "status", "logs", "down"):
+        assert "--runs-dir" in inv(task, "--help").stdout
