@@ -10,41 +10,21 @@ import time
 
 import pytest
 
-from deploy.inventory import parse_inventory
+from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
+
 from deploy.planner import Options, plan_run
-from deploy.records import (RECORD_FILE, FollowLock, RecordError, find_run, hosts_of,
+from deploy.records import (HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of,
                             list_records, load_record, plan_of, record_document, shown_state,
                             update_record, write_record)
 
-SECRET = "sk-live-very-secret"
-PLAIN = "/data/plain-but-not-stored"
-INVENTORY = f"""
-defaults:
-  user: researcher
-  identity_file: ~/.ssh/lab_key
-  known_hosts: /etc/lab_known_hosts
-  python: ~/venv/bin/python
-hosts:
-  - name: a
-    address: gpu-a.lab
-    cluster_address: 10.1.2.3
-    workers: 2
-    env:
-      DATASET: {PLAIN}
-      TOKEN: {{value: {SECRET}, secret: true}}
-  - name: b
-    address: 10.1.2.4
-    port: 2222
-    workdir: /scratch/tf
-    host_key_policy: accept-new
-"""
 PORTS = {0: 20000, 1: 20001, 2: 30000}
+PLAIN = "/data/set one"
 
 
 def lab_plan(run_id="20260101-000000-abcdef", ports=PORTS):
-    inventory = parse_inventory(INVENTORY, "lab.yaml", environ={})
-    return plan_run(inventory, Options(entry="main.py", args=("--epochs", "5"), grace=1.5),
-                    run_id, ports)
+    """The planner tests' lab inventory: two hosts, plain and secret env values."""
+    return plan_run(inventory_of("lab"), Options(entry="main.py", args=("--epochs", "5"),
+                                                 grace=1.5), run_id, ports)
 
 
 def recorded(tmp_path, plan, state="detached", started=None):
@@ -61,28 +41,31 @@ def test_a_record_gives_back_the_same_plan(tmp_path):
     assert [h.run_dir for h in again.hosts] == [h.run_dir for h in plan.hosts]
     assert [h.host for h in again.hosts] == [
         hp.host.__class__(**{**hp.host.__dict__, "env": {}}) for hp in plan.hosts]
-    assert set(plan.tasks[0].host.env) == {"DATASET", "TOKEN"}
+    assert set(plan.tasks[0].host.env) == {"DATASET", "API_KEY", "TOKEN"}
     for mine, theirs in zip(again.tasks, plan.tasks):
         assert (mine.index, mine.endpoint, mine.launch, mine.tf_config) == (
             theirs.index, theirs.endpoint, theirs.launch, theirs.tf_config)
         # Only tfdeploy's own variables: the host's env is not kept.
         assert set(theirs.env) - set(mine.env) == set(theirs.host.env)
         assert {k: v.value for k, v in mine.env.items()} == {
-            k: v.value for k, v in theirs.env.items() if k not in ("DATASET", "TOKEN")}
+            k: v.value for k, v in theirs.env.items() if k not in theirs.host.env}
 
 
 def test_no_environment_value_is_stored(tmp_path):
     text = (recorded(tmp_path, lab_plan()) / RECORD_FILE).read_text()
-    assert SECRET not in text and PLAIN not in text and "***" not in text
+    for value in (SECRET_FROM_ENV, SECRET_IN_FILE, PLAIN, "***"):
+        assert value not in text
     assert "env" not in json.loads(text)["hosts"][0]
 
 
 def test_connection_fields_survive(tmp_path):
     doc = load_record(recorded(tmp_path, lab_plan()))
     a, b = hosts_of(doc)
-    assert (a.user, a.identity_file, a.known_hosts, a.python, a.workers) == (
-        "researcher", "~/.ssh/lab_key", "/etc/lab_known_hosts", "~/venv/bin/python", 2)
-    assert (b.port, b.workdir, b.host_key_policy, b.env) == (2222, "/scratch/tf", "accept-new", {})
+    assert (a.user, a.python, a.workers, a.cluster_address, a.env) == (
+        "researcher", "~/venv/bin/python", 2, "10.1.2.3", {})
+    assert (b.address, b.port, b.workdir, b.user) == ("10.1.2.4", 2222, "/scratch/tf",
+                                                      "researcher")
+    assert set(doc["hosts"][0]) == {*HOST_FIELDS, "run_dir"}
     assert [t["endpoint"] for t in doc["tasks"]] == ["10.1.2.3:20000", "10.1.2.3:20001",
                                                       "10.1.2.4:30000"]
 
