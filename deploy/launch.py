@@ -19,8 +19,8 @@ from .planner import Options, plan_run
 from .plantext import plan_document
 from .records import record_document, write_record
 from .restarts import Restarter
-from .runner import (Finish, Run, RunSettings, finish, follow_to_end, new_run_id,
-                     write_json)
+from .finish import Finish, finish
+from .runner import Run, RunSettings, follow_to_end, new_run_id, write_json
 from .session import Session
 from .view import say
 

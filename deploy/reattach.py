@@ -15,8 +15,8 @@ from rich.console import Console
 from .inventory import Inventory
 from .records import (ACTIVE_STATES, FollowLock, RecordError, find_run, hosts_of,
                       list_records, load_record, plan_of, shown_state, started_text)
-from .runner import EXIT_INTERRUPTED, Finish, Run, RunSettings, finish, follow_to_end, \
-    load_local_logs
+from .finish import Finish, finish
+from .runner import EXIT_INTERRUPTED, Run, RunSettings, follow_to_end, load_local_logs
 from .session import Session
 from .view import runs_table, say, status_table
 

@@ -1,6 +1,6 @@
-"""Following a run and ending it: one path for a run just launched (launch.py) and for one
-found again from its local record (reattach.py), so both end the same way: summary,
-artifacts, teardown on every host, the record's final state.
+"""Following a run: one path for a run just launched (launch.py) and for one found again
+from its local record (reattach.py), so both are watched, stopped and (finish.py) ended the
+same way.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from rich.console import Console
 
 from .follow import Followers
 from .planner import RunPlan
-from .progress import TaskProgress, losses_agree
+from .progress import TaskProgress
 from .records import update_record
 from .session import Session, StepFailed
-from .view import LiveView, failure_panel, prefixed, say, summary_table
+from .view import LiveView, failure_panel, prefixed, say
 
 EXIT_INTERRUPTED = 130
 # Seconds beyond the grace period to wait for a follower's answer to a stop before stopping
@@ -133,7 +133,7 @@ class Run:
                     view.refresh()
         except KeyboardInterrupt:
             if self.interrupt_stops:
-                restore = _ignore_sigint()
+                restore = ignore_sigint()
                 try:
                     self._stop_at_once(wait=True)
                 finally:
@@ -244,13 +244,6 @@ class Run:
             log.close()
 
 
-class Finish:
-    """How a run ends: which end-of-run steps run, in order."""
-    DONE = "done"                # the tasks ended: fetch artifacts, clean up
-    INTERRUPTED = "interrupted"  # Ctrl-C: stop, read the last log bytes, clean up
-    DOWN = "down"                # `inv down`: fetch artifacts, stop, read the rest, clean up
-
-
 def load_local_logs(run: Run, shown: Callable[[TaskProgress, list[str]], None] | None) -> None:
     """Start from the local copies of the logs: their metrics count, and reading the hosts'
     logs goes on from where they end, so no byte is printed or stored twice."""
@@ -271,92 +264,11 @@ def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
         restarter.restart(run)
 
 
-def finish(run: Run, how: str, interrupted_by_user: bool = False) -> int:
-    """Fetch what the run made, tear it down everywhere, write the summary and the record.
-    Runs on every exit path once anything was started, including Ctrl-C and errors."""
-    plan, session, console, local_dir = run.plan, run.session, run.console, run.dir
-    problems: list[str] = list(run.problems)
-    artifacts = 0
-    # A second Ctrl-C must not cut teardown short and leave tasks behind; every remote step
-    # here has its own timeout, so ignoring it cannot hang the controller forever.
-    restore = _ignore_sigint()
-    try:
-        with console.status("stopping tasks and fetching results…"):
-            if how in (Finish.DONE, Finish.DOWN):
-                try:
-                    artifacts = session.fetch_output(plan, local_dir / "artifacts")
-                except Exception as exc:  # reported; teardown still runs
-                    problems.append(f"fetching artifacts: {exc}")
-            if how == Finish.DOWN or (how == Finish.INTERRUPTED and not run.stopped_clean):
-                problems += session.stop(plan).values()
-                if run.writes_logs:
-                    _drain_logs(run)
-            problems += session.cleanup(plan).values()
-    finally:
-        session.close()
-        run.close_logs()
-        restore()
-    code = _exit_code(run, how, problems)
-    console.print(summary_table(run.tasks))
-    write_json(local_dir / "summary.json", _summary(run, artifacts, problems, code, how))
-    state = {Finish.DONE: "finished", Finish.INTERRUPTED: "interrupted", Finish.DOWN: "down"}[how]
-    if not problems or how == Finish.DONE:
-        run.set_state(state, exit_code=code, ended=time.time())
-    for problem in problems:
-        say(console, f"teardown: {problem}", "bold red")
-    if not problems:
-        say(console, f"teardown: no process of run {plan.run_id} left; run directories "
-                     f"removed on {len(plan.hosts)} host(s)", "green")
-    if artifacts:
-        console.print(f"artifacts: {artifacts} file(s) in {local_dir / 'artifacts'}",
-                      highlight=False)
-    return code
-
-
-def _ignore_sigint():
+def ignore_sigint():
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     return lambda: signal.signal(signal.SIGINT, previous)
-
-
-def _drain_logs(run: Run) -> None:
-    """After a stop, read what the tasks wrote last, so the local logs are complete."""
-    try:
-        run.catch_up(print_lines=False)
-    except Exception:  # best effort: the run is being torn down anyway
-        pass
-
-
-def _exit_code(run: Run, how: str, problems: list[str]) -> int:
-    if how == Finish.INTERRUPTED:
-        return EXIT_INTERRUPTED
-    if how == Finish.DOWN:
-        return 1 if problems else 0
-    if problems or run.failure:
-        return 1
-    return 0 if all(t.state == "exited" and t.code == 0 for t in run.tasks) else 1
-
-
-def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str) -> dict:
-    return {
-        "run_id": run.plan.run_id,
-        "exit_code": code,
-        "interrupted": how == Finish.INTERRUPTED,
-        "ended_by": how,
-        "attempts": run.attempt,
-        "failed_attempts": run.attempts,
-        "failure": None if not run.failure else {
-            "task": run.failure[0].name, "reason": run.failure[1]},
-        "losses_agree": losses_agree(run.tasks),
-        "artifact_files": artifacts,
-        "teardown_problems": problems,
-        "tasks": [{
-            "task": t.name, "host": t.host, "state": t.state, "exit_code": t.code,
-            "duration_s": None if t.duration is None else round(t.duration, 3),
-            "epochs": t.epoch, "final_loss": t.loss, "losses": t.losses,
-        } for t in run.tasks],
-    }
 
 
 def write_json(path: Path, doc: dict) -> None:
