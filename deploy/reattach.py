@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .inventory import Inventory
-from .records import (ACTIVE_STATES, FollowLock, RecordError, find_run, hosts_of,
+from .records import (ACTIVE_STATES, FollowLock, RecordError, controller_alive, find_run, hosts_of,
                       list_records, load_record, plan_of, shown_state, started_text)
 from .finish import Finish, finish
 from .runner import EXIT_INTERRUPTED, Run, RunSettings, follow_to_end, load_local_logs
@@ -81,6 +81,11 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
         say(console, f"run {doc['run_id']} has ended ({_describe(doc)}): the logs above "
                      "are complete", "dim")
         return 0
+    if follow and doc["state"] == "starting" and not controller_alive(doc):
+        # Its controller ended while launching: some tasks may never have started, and a
+        # follower would wait for them forever.
+        raise RecordError(f"run {doc['run_id']} was never fully started (its controller ended "
+                          f"during the launch): stop it with inv down --run {doc['run_id']}")
     lock = FollowLock(local_dir)
     if not lock.acquire():
         raise RecordError(f"run {doc['run_id']} is being followed by another controller "
