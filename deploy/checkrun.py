@@ -18,7 +18,7 @@ from .checks import (HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assi
                      version_problems)
 from .inventory import Inventory
 from .parallel import on_each
-from .session import Session, agent_json
+from .session import Session, StepFailed, agent_json
 from .transport import Transport, connect
 from .view import say
 
@@ -41,8 +41,11 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
     connected = [c for c in checks if c.host.name in transports]
 
     def ask(c: HostCheck, line: str, step: str, timeout: float) -> dict:
-        return agent_json(transports[c.host.name].run(line, stdin=source, timeout=timeout),
-                          c.host, step)
+        result = transports[c.host.name].run(line, stdin=source, timeout=timeout)
+        if result.code in (126, 127):    # the shell could not run the interpreter at all
+            raise StepFailed(f"{c.host.label}: python {c.host.python!r} does not run there: "
+                             f"{result.error_text()} (set 'python:' in the inventory)")
+        return agent_json(result, c.host, step)
 
     answers, errors = on_each(connected, lambda c: c.host.name, lambda c: ask(
         c, probe_command(c.host), f"running {c.host.python}", PROBE_TIMEOUT))

@@ -131,6 +131,33 @@ class SshLab:
                 _signal(server.proc, signal.SIGKILL)
                 server.proc.wait()
 
+    def start_in_netns(self, netns: str, address: str, port: int = 2222) -> LabHost:
+        """One more sshd, run inside network namespace `netns` (`ip netns exec`) on `address`,
+        an address the caller created in that namespace. Its key goes into known_hosts."""
+        self._prepare()
+        self._count += 1
+        name = f"h{self._count}"
+        host_dir = self.base_dir / "hosts" / name
+        host_dir.mkdir(parents=True, exist_ok=True)
+        host_key = host_dir / "ssh_host_ed25519_key"
+        if not host_key.exists():
+            _keygen(host_key, comment=f"tfdeploy-lab-{name}")
+        host = LabHost(name=name, address=address, port=port, workdir=host_dir / "work",
+                       identity_file=self.identity_file, known_hosts=self.known_hosts,
+                       host_key=Path(f"{host_key}.pub"), log=host_dir / "sshd.log")
+        config = host_dir / "sshd_config"
+        config.write_text(self._config(host, host_key, host_dir / "sshd.pid"))
+        with open(host.log, "ab") as log:
+            proc = subprocess.Popen(["ip", "netns", "exec", netns, str(self.sshd), "-D", "-e",
+                                     "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        server = _Server(host, config, proc)
+        self._servers.append(server)     # stop() ends it even if it never comes up
+        _wait_ready(server)
+        with open(self.known_hosts, "a") as f:
+            f.write(host.known_hosts_line())
+        return host
+
     # -- inventories -------------------------------------------------------------------------
 
     def inventory_yaml(self, hosts: Iterable[LabHost], python: str = sys.executable,
