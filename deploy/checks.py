@@ -165,7 +165,7 @@ def mesh_problem(dst: Host, result: dict, src: Host) -> str:
     error, detail = result.get("error"), result.get("detail", "")
     frm = "itself" if src.name == dst.name else src.name
     if error == "timeout" or error == "no answer":
-        return (f"{where} not reachable from {frm} (no answer within {MESH_ATTEMPT:g} s) "
+        return (f"{where} not reachable from {frm} (no answer within {MESH_WINDOW:g} s) "
                 f"— firewall?")
     if error == "refused":
         return (f"{where} refused a connection from {frm}: nothing listens there — is "
@@ -176,7 +176,7 @@ def mesh_problem(dst: Host, result: dict, src: Host) -> str:
     if error == "foreign":
         return (f"{where}: {frm} reached another program, not {dst.name} — is "
                 f"{dst.tf_address} really {dst.name}'s address (cluster_address)?")
-    return f"{where} not reachable from {frm}: {error}"
+    return f"{where} not reachable from {frm}: {error} — routing or firewall?"
 
 
 def size(n: int) -> str:

@@ -125,7 +125,7 @@ def test_mesh_problems_land_on_the_host_that_was_not_reached():
     a, b, c = checks
     assert a.problems == [] and c.problems == []
     assert b.problems == [
-        "b (10.1.2.4): port 20002 not reachable from a (no answer within 2 s) — firewall?",
+        "b (10.1.2.4): port 20002 not reachable from a (no answer within 5 s) — firewall?",
         "b (10.1.2.4): cannot listen on port 20003: Address already in use — taken by another "
         "program?",
         "b (10.1.2.4): port 20002 refused a connection from c: nothing listens there — is "
