@@ -47,7 +47,9 @@ def existing_ancestor(path):
 
 
 def free_ports(count):
-    """Ports the kernel calls free on every interface (TensorFlow binds *:port)."""
+    """Ports the kernel calls free on every interface (TensorFlow binds *:port): the same probe
+    as agent.py's `ports`. Each file travels alone (this one on stdin, the agent in the run's
+    bundle), so neither can import the other."""
     socks = []
     try:
         for _ in range(count):

@@ -3,7 +3,6 @@ a host where nothing listens, a host without its python, and a network-namespace
 mesh link is cut while SSH still reaches it."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -11,10 +10,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import yaml
 
 from netns import NetnsHost, NetnsUnavailable
-from sshlab import SshLab
+from sshlab import SshLab, unreachable_entry
 
 pytestmark = pytest.mark.integration
 
@@ -55,22 +53,17 @@ def test_healthy_lab_passes_with_versions_in_the_table(ssh_lab, tmp_path):
 def test_nothing_listening_and_missing_python_are_named_in_seconds(tmp_path):
     with SshLab(tmp_path / "lab") as lab:
         (host,) = lab.start(1)
-        with socket.socket() as s:       # a loopback port where nothing listens
-            s.bind(("127.0.0.9", 0))
-            dead_port = s.getsockname()[1]
-        doc = yaml.safe_load(lab.inventory_yaml([host]))
-        doc["hosts"].append({"name": "gone", "address": "127.0.0.9", "port": dead_port})
-        doc["hosts"].append({"name": "nopy", "address": host.address, "port": host.port,
-                             "workdir": str(tmp_path / "w2"), "python": "/nonexistent/python3"})
-        inventory = tmp_path / "hosts.yaml"
-        inventory.write_text(yaml.safe_dump(doc))
+        gone = unreachable_entry()
+        inventory = lab.write_inventory(tmp_path / "hosts.yaml", [host], extra=[gone, {
+            "name": "nopy", "address": host.address, "port": host.port,
+            "workdir": tmp_path / "w2", "python": "/nonexistent/python3"}])
         started = time.monotonic()
         done = inv("check", "--hosts", str(inventory), "--connect-timeout", "3")
         took = time.monotonic() - started
         out = flat(done.stdout)
         assert done.returncode == 1, done.stdout + done.stderr
         assert took < 30, took
-        assert f"gone (127.0.0.9): cannot connect to port {dead_port}" in out
+        assert f"gone (127.0.0.9): cannot connect to port {gone['port']}" in out
         assert (f"nopy ({host.address}): python '/nonexistent/python3' does not run there: "
                 in out and "No such file or directory" in out)
         # The healthy host still got its row and checked its ports.
