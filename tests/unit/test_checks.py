@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -213,9 +212,7 @@ def test_mesh_answers_with_its_identity_and_stops_its_listeners(tmp_path):
     mine, dead = free_port(), free_port()
     spec = {"host": "a", "nonce": "n0", "window": 2, "attempt": 1, "listen": {str(mine): 1},
             "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
-    started = time.monotonic()
     answer = hostcheck("mesh", json.dumps(spec))
-    assert time.monotonic() - started < 10
     assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
                                      "host": "a"}
     assert answer["connects"][1]["error"] == "refused"
@@ -230,3 +227,12 @@ def test_mesh_says_when_a_port_belongs_to_another_host_listener():
             "targets": [["127.0.0.1", port, "a"]]}
     (result,) = hostcheck("mesh", json.dumps(spec))["connects"]
     assert result["error"] == "wrong-host" and result["detail"] == "b"
+
+
+def test_mesh_listeners_end_by_themselves_when_callers_never_come():
+    """A lost controller or a peer that never dials leaves nothing: the window bounds it."""
+    port = free_port()
+    spec = {"host": "a", "nonce": "n2", "window": 1, "attempt": 1, "listen": {str(port): 2},
+            "targets": []}
+    answer = hostcheck("mesh", json.dumps(spec), timeout=15)   # ends by itself, or this fails
+    assert answer == {"connects": [], "accepted": {str(port): 0}, "bind_errors": {}}
