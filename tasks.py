@@ -96,8 +96,10 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
 })
 def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
           accept_new_host_keys=False):
-    """Check every host before training: SSH, python, tensorflow/tf_keras/numpy versions, disk,
-    free ports and the TCP mesh between all tasks. Writes nothing on any host.
+    """Check that every host is ready to train; writes nothing on any host.
+
+    SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
+    free ports for its tasks, then the TCP mesh: every task's port reachable from every host.
 
     Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
     """

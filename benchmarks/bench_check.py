@@ -9,16 +9,14 @@ to read; the whole-run medians are shown beside it.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench_train import REPO, SshLab
+from bench_train import REPO, options, two_host_lab
 
 CHECKED = re.compile(r"checked \d+ host\(s\) in ([0-9.]+) s")
 
@@ -52,20 +50,15 @@ def line(label: str, times: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--args", default="--epochs 2 --steps-per-epoch 5")
-    opts = parser.parse_args()
+    opts = options(__doc__, "--epochs 2 --steps-per-epoch 5")
     args = opts.args.split()
-    with tempfile.TemporaryDirectory() as tmp, SshLab(Path(tmp) / "lab") as lab:
-        hosts = lab.start(2)
-        inventory = lab.write_inventory(Path(tmp) / "lab.yaml", hosts)
+    with two_host_lab() as (tmp, inventory):
         checked, unchecked, alone, step = [], [], [], []
         for _ in range(opts.repeats):
-            wall, check = train(inventory, args, Path(tmp) / "runs")
+            wall, check = train(inventory, args, tmp / "runs")
             checked.append(wall)
             step.append(check)
-            unchecked.append(train(inventory, args, Path(tmp) / "runs", "--no-check")[0])
+            unchecked.append(train(inventory, args, tmp / "runs", "--no-check")[0])
             alone.append(check_alone(inventory))
     print(f"payload args: {opts.args}; {opts.repeats} repeats, alternating; 2 SSH hosts")
     print(line("inv train (checks first):", checked))
