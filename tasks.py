@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from deploy.bundle import BundleError
+from deploy.checkrun import ChecksFailed, check_hosts, report_view
 from deploy.inventory import InventoryError, load_inventory
 from deploy.lints import LintFailed, lint
 from deploy.parallel import HostsFailed
@@ -20,7 +21,7 @@ from deploy.shell import split_args
 from deploy.transport import TransportError
 
 EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFailed,
-                   TransportError, ValueError)
+                   TransportError, ChecksFailed, ValueError)
 
 BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
 
@@ -48,10 +49,12 @@ def seconds(flag: str, value: str) -> float:
     "start_timeout": "seconds for every task to reach its first training step before the run "
                      "is torn down (default: 120; 0: no watchdog)",
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
+    "no_check": "skip the checks of `inv check` (versions, disk, ports, TCP mesh) before "
+                "starting",
 })
 def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
-          start_timeout="120"):
+          start_timeout="120", no_check=False):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
@@ -71,7 +74,8 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
         settings = RunSettings(runs_dir=Path(runs_dir),
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
-                               start_timeout=seconds("--start-timeout", start_timeout))
+                               start_timeout=seconds("--start-timeout", start_timeout),
+                               check=not no_check)
         code = run_training(inventory, options, settings, console)
     except EXPECTED_ERRORS as exc:
         console.print(Text.assemble(("error: ", "bold red"), str(exc)))
@@ -81,6 +85,42 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
         raise Exit(code=130)
     if code:
         raise Exit(code=code)
+
+
+@task(help={
+    "hosts": "inventory file (default: hosts.yaml)",
+    "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
+                            "always refused)",
+})
+def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Check that every host is ready to train; writes nothing on any host.
+
+    SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
+    free ports for its tasks, then the TCP mesh: every task's port reachable from every host.
+
+    Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
+    """
+    console = Console(highlight=False)
+    try:
+        inventory = load_inventory(hosts)
+        problems = lint(inventory, Path(payload))
+        if problems:
+            raise LintFailed("\n".join(problems))
+        timeout = seconds("--connect-timeout", connect_timeout)
+        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
+            report = check_hosts(inventory, timeout, accept_new_host_keys)
+    except EXPECTED_ERRORS as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+    except KeyboardInterrupt:
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
+    console.print(report_view(report))
+    if not report.ok:
+        raise Exit(code=1)
 
 
 if __name__ == "__main__":

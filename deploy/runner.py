@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .bundle import build_bundle
+from .checkrun import check_before_run
 from .inventory import Inventory
 from .planner import Options, RunPlan, plan_run
 from .plantext import plan_document
@@ -37,6 +38,8 @@ class RunSettings:
     # A worker whose peer never comes waits for an hour and ignores SIGTERM: without this
     # watchdog a missing or blocked peer is a silent hang.
     start_timeout: float = 120.0
+    # Probe every host and the TCP mesh before anything is written anywhere (checkrun.py).
+    check: bool = True
 
 
 def new_run_id() -> str:
@@ -133,6 +136,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
                   f"local records in {local_dir}", highlight=False)
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+    if settings.check:
+        check_before_run(session, inventory, console)   # closes the session when it fails
     local_dir.mkdir(parents=True, exist_ok=True)
     run: Run | None = None
     plan = skeleton
