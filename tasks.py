@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from deploy.bundle import BundleError
+from deploy.checkrun import ChecksFailed, check_hosts, report_view
 from deploy.inventory import InventoryError, load_inventory
 from deploy.lints import LintFailed, lint
 from deploy.parallel import HostsFailed
@@ -23,7 +24,7 @@ from deploy.shell import split_args
 from deploy.transport import TransportError
 
 EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFailed,
-                   TransportError, ValueError, RecordError)
+                   TransportError, ChecksFailed, ValueError, RecordError)
 
 BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
 
@@ -51,6 +52,8 @@ def seconds(flag: str, value: str) -> float:
     "start_timeout": "seconds for every task to reach its first training step before the run "
                      "is torn down (default: 120; 0: no watchdog)",
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
+    "no_check": "skip the checks of `inv check` (versions, disk, ports, TCP mesh) before "
+                "starting",
     "detach": "return once every task has started, leaving the run on its hosts; print its "
               "id and the commands to follow (inv logs), inspect (inv status), stop (inv down)",
     "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
@@ -58,7 +61,7 @@ def seconds(flag: str, value: str) -> float:
 })
 def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
-          start_timeout="120", detach=False, restarts="0"):
+          start_timeout="120", no_check=False, detach=False, restarts="0"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
@@ -82,6 +85,7 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
                                start_timeout=seconds("--start-timeout", start_timeout),
+                               check=not no_check,
                                restarts=count("--restarts", restarts), detach=detach)
         code = run_training(inventory, options, settings, console)
     except EXPECTED_ERRORS as exc:
@@ -131,16 +135,19 @@ RUN_HELP = {
 
 @task(help={"runs_dir": RUN_HELP["runs_dir"]})
 def runs(c, runs_dir="runs"):
-    """List the runs recorded in the runs dir, oldest first and newest last: id, start time,
-    hosts, tasks and state (starting, running, detached, finished with its exit code,
-    interrupted, down)."""
+    """List the local run records (oldest first, newest last).
+
+    One row per run: id, start time, hosts, tasks and state (starting, running, detached,
+    finished with its exit code, interrupted, down)."""
     run_task(lambda console, _: list_runs(Path(runs_dir), console))
 
 
 @task(help=RUN_HELP)
 def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
-    """Ask the hosts how every task of a run is doing: state, pid, exit code, last epoch,
-    loss and metrics. An ended run is shown from its local records."""
+    """Show every task of a run as its host sees it now.
+
+    State, pid, exit code, last epoch, loss and metrics. An ended run is shown from its
+    local records."""
     run_task(lambda console, s: show_status(Path(runs_dir), run or None, s, console),
              connect_timeout, accept_new_host_keys)
 
@@ -152,8 +159,10 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
             "task": "print only task N's lines (every task's log is still kept locally)"})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
          accept_new_host_keys=False, start_timeout="0"):
-    """Print a run's logs: the local copy, then what the hosts wrote since (nothing twice);
-    the local copy is completed on the way."""
+    """Print a run's logs; with --follow, reattach until the run ends.
+
+    First the local copy, then what the hosts wrote since (nothing twice); the local copy
+    is completed on the way."""
     def action(console, settings):
         only = None if task is None else count("--task", task)
         return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
@@ -163,11 +172,49 @@ def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="1
 
 @task(help=RUN_HELP)
 def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
-    """Stop a run: fetch the chief's artifacts, SIGTERM every task's process group, SIGKILL
-    after the run's grace, check every host for survivors (reported loudly, exit 1) and
-    remove the run directories. Only this run's processes and directories are touched."""
+    """Stop a run on every host and remove it there.
+
+    Fetches the chief's artifacts, sends SIGTERM to every task's process group, SIGKILL after
+    the run's grace, checks every host for survivors (reported loudly, exit 1) and removes
+    the run directories. Only this run's processes and directories are touched."""
     run_task(lambda console, s: stop_run(Path(runs_dir), run or None, s, console),
              connect_timeout, accept_new_host_keys)
+
+
+@task(help={
+    "hosts": "inventory file (default: hosts.yaml)",
+    "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
+                            "always refused)",
+})
+def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Check that every host is ready to train; writes nothing on any host.
+
+    SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
+    free ports for its tasks, then the TCP mesh: every task's port reachable from every host.
+
+    Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
+    """
+    console = Console(highlight=False)
+    try:
+        inventory = load_inventory(hosts)
+        problems = lint(inventory, Path(payload))
+        if problems:
+            raise LintFailed("\n".join(problems))
+        timeout = seconds("--connect-timeout", connect_timeout)
+        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
+            report = check_hosts(inventory, timeout, accept_new_host_keys)
+    except EXPECTED_ERRORS as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+    except KeyboardInterrupt:
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
+    console.print(report_view(report))
+    if not report.ok:
+        raise Exit(code=1)
 
 
 if __name__ == "__main__":

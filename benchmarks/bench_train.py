@@ -9,6 +9,7 @@ alternating, so machine load affects both alike. The hosts are real sshd servers
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -61,19 +62,28 @@ def with_tfdeploy(inventory: Path, args: list[str], runs: Path) -> float:
     return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(doc: str, default_args: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--args", default="--epochs 3 --steps-per-epoch 20")
-    opts = parser.parse_args()
-    args = opts.args.split()
+    parser.add_argument("--args", default=default_args)
+    return parser.parse_args()
+
+
+@contextlib.contextmanager
+def two_host_lab():
+    """(a scratch directory, an inventory of two sshd lab hosts), removed afterwards."""
     with tempfile.TemporaryDirectory() as tmp, SshLab(Path(tmp) / "lab") as lab:
-        hosts = lab.start(2)
-        inventory = lab.write_inventory(Path(tmp) / "lab.yaml", hosts)
+        yield Path(tmp), lab.write_inventory(Path(tmp) / "lab.yaml", lab.start(2))
+
+
+def main() -> None:
+    opts = options(__doc__, "--epochs 3 --steps-per-epoch 20")
+    args = opts.args.split()
+    with two_host_lab() as (tmp, inventory):
         hand, tool = [], []
         for _ in range(opts.repeats):
-            hand.append(by_hand(args, Path(tmp)))
-            tool.append(with_tfdeploy(inventory, args, Path(tmp) / "runs"))
+            hand.append(by_hand(args, tmp))
+            tool.append(with_tfdeploy(inventory, args, tmp / "runs"))
     h, t = statistics.median(hand), statistics.median(tool)
     print(f"payload args: {opts.args}; {opts.repeats} repeats, alternating")
     print("by hand (2 processes, TF_CONFIG by hand): " + " ".join(f"{x:.2f}" for x in hand)

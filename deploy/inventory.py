@@ -22,7 +22,9 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CONTROLLER_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 # Variables the launcher owns; a host may not override them.
 RESERVED_ENV_PREFIXES = ("TFDEPLOY_",)
-RESERVED_ENV = ("TF_CONFIG",)
+# TF_USE_LEGACY_KERAS=0 would bring back Keras 3, which cannot train multi-worker; without
+# PYTHONUNBUFFERED the live view lags behind the tasks.
+RESERVED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "PYTHONUNBUFFERED")
 
 
 class InventoryError(ValueError):
@@ -152,7 +154,9 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
         if key not in TOP_FIELDS:
             raise InventoryError(file, f"unknown top-level field (known: {', '.join(TOP_FIELDS)})",
                                  field=str(key), line=where.line(key))
-    defaults = data.get("defaults") or {}
+    defaults = data.get("defaults")
+    if defaults is None:
+        defaults = {}
     if not isinstance(defaults, dict):
         raise InventoryError(file, "must be a mapping", field="defaults", line=where.line("defaults"))
     for key, value in defaults.items():
@@ -168,9 +172,18 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
         if not isinstance(raw, dict):
             raise InventoryError(file, f"host #{i + 1} must be a mapping", field="hosts",
                                  line=where.line("hosts", i))
-        hosts.append(_host(file, where, i, {**defaults, **raw}, set(raw), environ))
+        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ))
     _check_unique(file, where, hosts)
     return Inventory(path=file, hosts=tuple(hosts))
+
+
+def _merged(defaults: dict, raw: dict) -> dict:
+    """A host's fields over the defaults; `env` merges name by name (the host's value wins),
+    so a default such as a dataset path is not lost when a host adds one variable."""
+    merged = {**defaults, **raw}
+    if isinstance(defaults.get("env"), dict) and isinstance(raw.get("env"), dict):
+        merged["env"] = {**defaults["env"], **raw["env"]}
+    return merged
 
 
 def _unknown(key: Any, known: Mapping) -> str:
@@ -270,7 +283,10 @@ def _env_value(key: Any, value: Any, environ: Mapping[str, str], fail) -> EnvVal
         extra = set(value) - {"value", "secret"}
         if extra or "value" not in value:
             raise fail("use {value: ..., secret: true}")
-        secret = bool(value.get("secret", False))
+        secret = value.get("secret", False)
+        if not isinstance(secret, bool):
+            # A string such as "false" would otherwise count as true.
+            raise fail(f"secret must be true or false, not {secret!r}")
         value = value["value"]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise fail(f"must be a string or number, not {value!r}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .bundle import build_bundle
+from .checkrun import check_before_run
 from .inventory import Inventory
 from .planner import Options, plan_run
 from .plantext import plan_document
@@ -36,6 +37,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
                   f"local records in {local_dir}", highlight=False)
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+    if settings.check:
+        check_before_run(session, inventory, console)   # closes the session when it fails
     local_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     # Written before anything reaches a host: a controller lost from here on leaves a record

@@ -35,6 +35,30 @@ def cluster_problems(inventory: Inventory) -> list[str]:
             f"hosts can reach" for h in loopback]
 
 
+def endpoint_problems(inventory: Inventory) -> list[str]:
+    """Two hosts reached over SSH at different addresses but giving the same cluster address.
+
+    Ports are chosen at launch and kept distinct across the cluster, so two tasks never share
+    an address:port and a shared address alone is no clash. The conflict is that a port found
+    free on one machine would be dialled on another: one of the two cluster addresses is wrong.
+    Entries with the same SSH address (another port, user or workdir) are one machine, so one
+    address is right for both; so is a cluster entirely on loopback (one machine, a test lab).
+    """
+    if all(is_loopback(h.tf_address) for h in inventory.hosts):
+        return []
+    problems, first = [], {}
+    for host in inventory.hosts:
+        other = first.setdefault(host.tf_address.lower(), host)
+        if other is not host and other.address != host.address:
+            problems.append(
+                f"{inventory.path}: host {host.name!r}: cluster address {host.tf_address!r} is "
+                f"also that of host {other.name!r}, but they are reached at different SSH addresses "
+                f"({other.address}, {host.address}); the other hosts would dial {host.name}'s "
+                f"tasks on {other.name}: set cluster_address to the address of {host.name} "
+                f"itself")
+    return problems
+
+
 def payload_problems(payload: Path, tasks: int) -> list[str]:
     """Keras 3 cannot run multi-worker fit; the payload must use tf_keras."""
     if tasks < 2 or not payload.is_dir():
@@ -53,5 +77,6 @@ def payload_problems(payload: Path, tasks: int) -> list[str]:
 
 
 def lint(inventory: Inventory, payload: Path) -> list[str]:
-    return cluster_problems(inventory) + payload_problems(payload, inventory.task_count)
+    return (cluster_problems(inventory) + endpoint_problems(inventory)
+            + payload_problems(payload, inventory.task_count))
 

@@ -144,6 +144,22 @@ def replace_backup_command(rundir: str) -> str:
     return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
 
 
+def assign_ports(hosts: list[tuple[Host, int]],
+                 free: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """`count` ports per host from the ports found free on it, distinct across the whole
+    cluster: TensorFlow binds every interface, so two hosts that are one machine (a loopback
+    lab) must not share one. ValueError names a host that has too few."""
+    taken: set[int] = set()
+    chosen: dict[str, list[int]] = {}
+    for host, count in hosts:
+        ports = [p for p in free[host.name] if p not in taken][:count]
+        if len(ports) < count:
+            raise ValueError(f"{host.label}: could not find {count} free ports")
+        chosen[host.name] = ports
+        taken.update(ports)
+    return chosen
+
+
 def tf_config(cluster: list[str], index: int) -> dict:
     return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
 

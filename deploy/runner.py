@@ -40,6 +40,8 @@ class RunSettings:
     start_timeout: float = 120.0
     restarts: int = 0
     detach: bool = False
+    # Probe every host and the TCP mesh before anything is written anywhere (checkrun.py).
+    check: bool = True
 
 
 def new_run_id() -> str:

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from .inventory import Host, Inventory
 from .parallel import HostsFailed, on_all, on_each
-from .planner import (HostPlan, RunPlan, cleanup_command, fetch_backup_command,
+from .planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command,
                       fetch_output_command, poll_command, replace_backup_command, stop_command)
 from .transport import CommandResult, Transport, connect
 
@@ -73,16 +73,13 @@ class Session:
         interface, so two hosts that are one machine (a loopback lab) must not share one."""
         answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
             t.run(hp.ports.line, timeout=60), hp.host, "port probe"))
-        taken: set[int] = set()
-        ports: dict[int, int] = {}
-        for hp in plan.hosts:
-            candidates = [p for p in answers[hp.host.name]["ports"] if p not in taken]
-            if len(candidates) < len(hp.tasks):
-                raise StepFailed(f"{hp.host.label}: could not find {len(hp.tasks)} free ports")
-            for task, port in zip(hp.tasks, candidates):
-                ports[task.index] = port
-                taken.add(port)
-        return ports
+        try:
+            chosen = assign_ports([(hp.host, len(hp.tasks)) for hp in plan.hosts],
+                                  {name: answer["ports"] for name, answer in answers.items()})
+        except ValueError as exc:
+            raise StepFailed(str(exc)) from None
+        return {t.index: port for hp in plan.hosts
+                for t, port in zip(hp.tasks, chosen[hp.host.name])}
 
     def launch(self, plan: RunPlan, attempt: int = 1) -> None:
         def start(hp: HostPlan, t: Transport) -> None:

@@ -14,6 +14,7 @@ Only 127.0.0.0/8 is used, and each address is checked (by binding to it) before 
 """
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import signal
@@ -131,6 +132,17 @@ class SshLab:
                 _signal(server.proc, signal.SIGKILL)
                 server.proc.wait()
 
+    def start_in_netns(self, netns: str, address: str, port: int = 2222) -> LabHost:
+        """One more sshd, run inside network namespace `netns` (`ip netns exec`) on `address`,
+        an address the caller created in that namespace. Its key goes into known_hosts."""
+        self._prepare()
+        host, host_key = self._new_host(address, port)
+        # Tracked before it is up, so stop() ends it even if it never comes up.
+        _wait_ready(self._spawn(host, host_key, prefix=("ip", "netns", "exec", netns)))
+        with open(self.known_hosts, "a") as f:
+            f.write(host.known_hosts_line())
+        return host
+
     # -- inventories -------------------------------------------------------------------------
 
     def inventory_yaml(self, hosts: Iterable[LabHost], python: str = sys.executable,
@@ -138,9 +150,11 @@ class SshLab:
         """An inventory for ``hosts``: lab user, key, known_hosts and python as defaults.
 
         ``host_overrides`` are fields added to every host entry (e.g. ``workers=2``); a value of
-        None drops that field. ``per_host={"h1": {...}}`` adds fields to one host's entry.
+        None drops that field. ``per_host={"h1": {...}}`` adds fields to one host's entry;
+        ``extra=[{...}]`` appends entries as they are (e.g. ``unreachable_entry()``).
         """
         per_host: Mapping[str, Mapping[str, Any]] = host_overrides.pop("per_host", None) or {}
+        extra: list[Mapping[str, Any]] = host_overrides.pop("extra", None) or []
         entries = []
         for host in hosts:
             entry: dict[str, Any] = {"name": host.name, "address": host.address,
@@ -151,6 +165,7 @@ class SshLab:
                 else:
                     entry[key] = _plain(value)
             entries.append(entry)
+        entries += [_plain(e) for e in extra]
         if not entries:
             raise ValueError("an inventory needs at least one host")
         unknown = set(per_host) - {e["name"] for e in entries}
@@ -195,33 +210,16 @@ class SshLab:
         if not 1 <= octet <= 254:
             raise LabError(f"out of lab addresses: 127.0.0.{octet} is not a usable host address")
         address = f"127.0.0.{octet}"
-        self._count += 1
-        name = f"h{self._count}"
-        host_dir = self.base_dir / "hosts" / name
-        host_dir.mkdir(parents=True, exist_ok=True)
-        host_key = host_dir / "ssh_host_ed25519_key"
-        if not host_key.exists():
-            _keygen(host_key, comment=f"tfdeploy-lab-{name}")
-
+        host, host_key = self._new_host(address, 0)
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = free_port(address)
-            host = LabHost(name=name, address=address, port=port, workdir=host_dir / "work",
-                           identity_file=self.identity_file, known_hosts=self.known_hosts,
-                           host_key=Path(f"{host_key}.pub"), log=host_dir / "sshd.log")
-            config = host_dir / "sshd_config"
-            config.write_text(self._config(host, host_key, host_dir / "sshd.pid"))
-            with open(host.log, "ab") as log:
-                proc = subprocess.Popen([str(self.sshd), "-D", "-e", "-f", str(config)],
-                                        stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-            server = _Server(host, config, proc)
-            self._servers.append(server)
+            host = dataclasses.replace(host, port=free_port(address))
+            server = self._spawn(host, host_key)
             try:
                 _wait_ready(server)
             except LabError:
                 self._servers.remove(server)
-                _signal(proc, signal.SIGKILL)
-                proc.wait()
+                _signal(server.proc, signal.SIGKILL)
+                server.proc.wait()
                 if attempt < PORT_ATTEMPTS and "Address already in use" in _tail(host.log):
                     continue
                 raise
@@ -230,6 +228,32 @@ class SshLab:
                     f.write(host.known_hosts_line())
             return host
         raise AssertionError("unreachable")
+
+    def _new_host(self, address: str, port: int) -> tuple[LabHost, Path]:
+        """The next host's name, directory and host key (made once)."""
+        self._count += 1
+        name = f"h{self._count}"
+        host_dir = self.base_dir / "hosts" / name
+        host_dir.mkdir(parents=True, exist_ok=True)
+        host_key = host_dir / "ssh_host_ed25519_key"
+        if not host_key.exists():
+            _keygen(host_key, comment=f"tfdeploy-lab-{name}")
+        host = LabHost(name=name, address=address, port=port, workdir=host_dir / "work",
+                       identity_file=self.identity_file, known_hosts=self.known_hosts,
+                       host_key=Path(f"{host_key}.pub"), log=host_dir / "sshd.log")
+        return host, host_key
+
+    def _spawn(self, host: LabHost, host_key: Path, prefix: tuple[str, ...] = ()) -> _Server:
+        """Start this host's sshd (behind `prefix`, e.g. `ip netns exec NS`) and track it."""
+        config = host.log.with_name("sshd_config")
+        config.write_text(self._config(host, host_key, host.log.with_name("sshd.pid")))
+        with open(host.log, "ab") as log:
+            proc = subprocess.Popen([*prefix, str(self.sshd), "-D", "-e", "-f", str(config)],
+                                    stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        server = _Server(host, config, proc)
+        self._servers.append(server)
+        return server
 
     def _config(self, host: LabHost, host_key: Path, pid_file: Path) -> str:
         return "\n".join([
@@ -264,6 +288,11 @@ def free_port(address: str) -> int:
         except OSError as exc:
             raise LabError(f"cannot bind to {address}: {exc} (is 127.0.0.0/8 routed to lo?)")
         return s.getsockname()[1]
+
+
+def unreachable_entry(name: str = "gone", address: str = "127.0.0.9") -> dict[str, Any]:
+    """An inventory entry for a loopback port where nothing listens."""
+    return {"name": name, "address": address, "port": free_port(address)}
 
 
 def _wait_ready(server: _Server, timeout: float = READY_TIMEOUT) -> None:

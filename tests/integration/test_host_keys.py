@@ -2,16 +2,14 @@
 keys always are, and a refused or unreachable host gets nothing started or written."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import paramiko
 import pytest
-import yaml
 
-from sshlab import SshLab
+from sshlab import SshLab, unreachable_entry
 
 pytestmark = pytest.mark.integration
 
@@ -70,13 +68,7 @@ def test_changed_host_key_is_always_refused(lab, tmp_path):
 
 def test_unreachable_host_fails_fast_and_names_it(lab, tmp_path):
     (host,) = lab.start(1)
-    with socket.socket() as s:       # a loopback port where nothing listens
-        s.bind(("127.0.0.9", 0))
-        dead_port = s.getsockname()[1]
-    doc = yaml.safe_load(lab.inventory_yaml([host]))
-    doc["hosts"].append({"name": "gone", "address": "127.0.0.9", "port": dead_port})
-    inventory = tmp_path / "hosts.yaml"
-    inventory.write_text(yaml.safe_dump(doc))
+    inventory = lab.write_inventory(tmp_path / "hosts.yaml", [host], extra=[unreachable_entry()])
     done = train(inventory, "--connect-timeout", "3")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "gone (127.0.0.9)" in done.stdout

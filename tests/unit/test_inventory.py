@@ -92,6 +92,13 @@ REGRESSIONS = {
     "same_workdir_spelled_twice": ("workdirs are compared as strings: /srv/tf and /srv//tf on "
                                    "one machine collide but are accepted", None,
                                    (5, "b", "workdir", ["would collide"])),
+    "defaults_empty_list": ("`defaults: []` is read as no defaults instead of refused", None,
+                            (1, None, "defaults", ["must be a mapping"])),
+    "env_secret_string": ("`secret: \"false\"` (a string) counts as secret", None,
+                          (4, "a", "env", ["TOKEN", "true or false", "'false'"])),
+    "reserved_legacy_keras": ("a host's env may set TF_USE_LEGACY_KERAS=0 and bring back "
+                              "Keras 3", None, (4, "a", "env", ["TF_USE_LEGACY_KERAS",
+                                                                "set by tfdeploy itself"])),
     "not_utf8": ("a file that is not UTF-8 raises UnicodeDecodeError (no file name) instead "
                  "of an InventoryError", UnicodeDecodeError, (ANY, None, None, [])),
 }
@@ -170,12 +177,12 @@ defaults:
   workdir: /srv/tf/
   identity_file: ~/.ssh/lab
   host_key_policy: accept-new
-  env: {FROM_DEFAULTS: d}
+  env: {FROM_DEFAULTS: d, OVERRIDDEN: d}
 hosts:
   - name: a
     address: 10.1.2.3
     workers: 2
-    env: {GREETING: hello, N: 3, F: 0.5}
+    env: {GREETING: hello, N: 3, F: 0.5, OVERRIDDEN: mine}
   - name: b
     address: b.lab
     cluster_address: 10.1.2.4
@@ -188,10 +195,12 @@ hosts:
                      identity_file="~/.ssh/lab", known_hosts="~/.ssh/known_hosts",
                      host_key_policy="accept-new", python="python3", workdir="/srv/tf",
                      cluster_address="", workers=2,
-                     env={"GREETING": EnvValue("hello"), "N": EnvValue("3"), "F": EnvValue("0.5")})
-    # A host's own value wins over the default; a host without env gets the default env.
+                     env={"FROM_DEFAULTS": EnvValue("d"), "OVERRIDDEN": EnvValue("mine"),
+                          "GREETING": EnvValue("hello"), "N": EnvValue("3"),
+                          "F": EnvValue("0.5")})
+    # A host's own value wins over the default; env merges name by name.
     assert (b.port, b.user, b.workers, b.workdir) == (22, "bob", 1, "/srv/tf")
-    assert b.env == {"FROM_DEFAULTS": EnvValue("d")}
+    assert b.env == {"FROM_DEFAULTS": EnvValue("d"), "OVERRIDDEN": EnvValue("d")}
     assert inv.task_count == 3 and inv.path == "good.yaml"
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.port = 1

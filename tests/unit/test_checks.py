@@ -1,0 +1,238 @@
+"""`inv check`'s pure parts (what to ask, how to judge the answers, the mesh, the table) and
+the host-side hostcheck.py, run as a host runs it: source on stdin, nothing written."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from deploy.checks import (HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck,
+                           assign_task_ports, judge_mesh, judge_probe, mesh_command,
+                           mesh_pairs, mesh_specs, probe_command, rows, version_problems)
+from deploy.inventory import parse_inventory
+from deploy.lints import lint
+from deploy.planner import assign_ports
+
+THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
+         "  - {name: b, address: 10.1.2.4, workers: 2}\n"
+         "  - {name: c, address: ssh-c, cluster_address: 10.1.2.5}\n")
+GOOD = {"tensorflow": "2.21.0", "tf_keras": "2.21.0", "numpy": "2.4.6"}
+
+
+def inventory(text=THREE):
+    return parse_inventory(text, "lab.yaml", environ={})
+
+
+def probe(versions=GOOD, free=10 * 1024 ** 3, ports=(20001, 20002, 20003, 20004, 20005),
+          writable=True):
+    return {"python": "3.11.2", "versions": dict(versions), "disk_path": "/srv",
+            "disk_free": free, "writable": writable, "ports": list(ports)}
+
+
+def probed(text=THREE, answers=None):
+    checks = [HostCheck(h) for h in inventory(text).hosts]
+    for c in checks:
+        judge_probe(c, (answers or {}).get(c.host.name) or probe())
+    return checks
+
+
+def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything():
+    host = inventory("hosts:\n  - {name: a, address: x, python: /opt/py3,"
+                     " workdir: '~/my dir'}\n").hosts[0]
+    assert probe_command(host) == "/opt/py3 - probe ~/'my dir' 5"
+    line = mesh_command(host, {"host": "a", "targets": [["x", 1, "$(id)"]]})
+    assert line.startswith("/opt/py3 - mesh '{") and "$(id)" in line
+
+
+def test_a_healthy_probe_has_no_problems():
+    assert all(c.problems == [] for c in probed())
+
+
+@pytest.mark.parametrize("answer, words", [
+    (probe(versions={**GOOD, "tensorflow": None}),
+     "a (10.1.2.3): tensorflow is not installed for python3 (pip install tensorflow)"),
+    (probe(versions={**GOOD, "tf_keras": None}), "tf_keras is not installed for python3 "
+                                                 "(pip install tf-keras)"),
+    (probe(versions={**GOOD, "tf_keras": "2.20.1"}),
+     "a (10.1.2.3): tf_keras 2.20.1 does not match tensorflow 2.21.0 "
+     "(pip install 'tf-keras~=2.21.0')"),
+    (probe(free=MIN_DISK_FREE - 1), "a (10.1.2.3): only 512.0 MiB free under /srv"),
+    (probe(writable=False), "cannot create the workdir ~/.tfdeploy: /srv is not writable"),
+])
+def test_probe_problems_name_the_host_and_the_fix(answer, words):
+    (problem,) = probed(answers={"a": answer})[0].problems
+    assert words in problem
+
+
+def test_versions_differing_between_hosts_are_one_cluster_problem():
+    checks = probed(answers={"c": probe(versions={**GOOD, "tensorflow": "2.20.0",
+                                                  "tf_keras": "2.20.0"})})
+    assert version_problems(checks) == [
+        "tensorflow differs between hosts: 2.20.0 on c; 2.21.0 on a, b — install one version "
+        "everywhere",
+        "tf_keras differs between hosts: 2.20.0 on c; 2.21.0 on a, b — install one version "
+        "everywhere"]
+    assert version_problems(probed()) == []
+
+
+def test_ports_are_distinct_across_the_cluster_as_a_run_chooses_them():
+    checks = probed()       # every host reports the same free ports (one machine, a lab)
+    assert assign_task_ports(checks) is None
+    assert [c.ports for c in checks] == [[20001], [20002, 20003], [20004]]
+    short = probed(answers={"c": probe(ports=(20001, 20002))})
+    assert assign_task_ports(short) == "c (ssh-c): could not find 1 free ports"
+
+
+def test_assign_ports_keeps_inventory_order():
+    hosts = inventory().hosts
+    assert assign_ports([(hosts[0], 1), (hosts[1], 2)], {"a": [5, 6], "b": [5, 7, 8]}) == {
+        "a": [5], "b": [7, 8]}
+
+
+def test_mesh_pairs_every_host_dials_every_other_task_and_its_own_siblings():
+    checks = probed()
+    assign_task_ports(checks)
+    pairs = {(s.host.name, d.host.name, p) for s, d, p in mesh_pairs(checks)}
+    assert pairs == {("a", "b", 20002), ("a", "b", 20003), ("a", "c", 20004),
+                     ("b", "a", 20001), ("b", "b", 20002), ("b", "b", 20003), ("b", "c", 20004),
+                     ("c", "a", 20001), ("c", "b", 20002), ("c", "b", 20003)}
+    specs = mesh_specs(checks, "n0nce")
+    assert specs["b"]["listen"] == {"20002": 3, "20003": 3}     # from a, c and b itself
+    assert specs["a"]["targets"] == [["10.1.2.4", 20002, "b"], ["10.1.2.4", 20003, "b"],
+                                     ["10.1.2.5", 20004, "c"]]
+
+
+def answers_for(specs, failing=()):
+    """Mesh answers as the hosts would give them; `failing` maps (from, port) -> error."""
+    failing = dict(failing)
+    return {name: {"connects": [
+        {"address": a, "port": p, "host": h, **({"error": failing[(name, p)]}
+                                                  if (name, p) in failing else {"ok": True})}
+        for a, p, h in spec["targets"]], "bind_errors": {}} for name, spec in specs.items()}
+
+
+def test_mesh_problems_land_on_the_host_that_was_not_reached():
+    checks = probed()
+    assign_task_ports(checks)
+    answers = answers_for(mesh_specs(checks, "n"), {("a", 20002): "timeout",
+                                                    ("c", 20002): "refused"})
+    answers["b"]["bind_errors"] = {"20003": "Address already in use"}
+    judge_mesh(checks, answers, {})
+    a, b, c = checks
+    assert a.problems == [] and c.problems == []
+    assert b.problems == [
+        "b (10.1.2.4): port 20002 not reachable from a (no answer within 5 s) — firewall?",
+        "b (10.1.2.4): cannot listen on port 20003: Address already in use — taken by another "
+        "program?",
+        "b (10.1.2.4): port 20002 refused a connection from c: nothing listens there — is "
+        "10.1.2.4 really b's address (cluster_address)?"]
+    assert (b.mesh_in, b.mesh_out) == ((4, 6), (4, 4))
+    assert (a.mesh_in, a.mesh_out) == ((2, 2), (2, 3))
+
+
+def test_mesh_reaching_the_wrong_host_or_a_stranger_is_said_so():
+    checks = probed()
+    assign_task_ports(checks)
+    answers = answers_for(mesh_specs(checks, "n"))
+    answers["a"]["connects"][2].update(ok=False, error="wrong-host", detail="b")
+    answers["b"]["connects"][0].update(ok=False, error="foreign")
+    judge_mesh(checks, answers, {"c": "c (ssh-c): mesh check failed: timed out"})
+    assert checks[2].problems == [
+        "c (10.1.2.5): port 20004: a reached host b's listener instead — c and b have cluster "
+        "addresses that lead to the same machine",
+        "c (ssh-c): mesh check failed: timed out"]
+    assert checks[0].problems == [
+        "a (10.1.2.3): port 20001: b reached another program, not a — is 10.1.2.3 really a's "
+        "address (cluster_address)?"]
+
+
+def test_rows_one_per_host_with_versions_disk_ports_mesh_and_problems():
+    checks = probed(answers={"b": probe(versions={**GOOD, "numpy": None})})
+    assign_task_ports(checks)
+    judge_mesh(checks, answers_for(mesh_specs(checks, "n")), {})
+    unreachable = HostCheck(inventory("hosts:\n  - {name: d, address: 10.9.9.9}\n").hosts[0],
+                            problems=["d (10.9.9.9): no answer on port 22"])
+    table = rows(CheckReport(checks + [unreachable]))
+    assert table[0] == ["a", "10.1.2.3", "3.11.2", "2.21.0", "2.21.0", "2.4.6", "10.0 GiB",
+                        "20001", "ok", "ok"]
+    assert table[1][5] == "missing" and "numpy is not installed" in table[1][9]
+    assert table[1][7] == "20002, 20003"
+    assert table[2][1] == "ssh-c (cluster 10.1.2.5)"
+    assert table[3] == ["d", "10.9.9.9", "-", "-", "-", "-", "-", "-", "-",
+                        "d (10.9.9.9): no answer on port 22"]
+
+
+# --- lints -----------------------------------------------------------------------------------
+
+def test_duplicate_endpoint_two_machines_one_cluster_address_is_refused():
+    inv = inventory("hosts:\n  - {name: a, address: 10.1.2.3}\n"
+                    "  - {name: b, address: 10.1.2.4, cluster_address: 10.1.2.3}\n")
+    (problem,) = lint(inv, HOSTCHECK_SOURCE.parent / "nowhere")
+    assert "host 'b': cluster address '10.1.2.3' is also that of host 'a'" in problem
+    assert "set cluster_address to the address of b itself" in problem
+
+
+def test_one_machine_twice_or_an_all_loopback_lab_is_no_duplicate():
+    same_machine = inventory("hosts:\n  - {name: a, address: 10.1.2.3}\n"
+                             "  - {name: b, address: 10.1.2.3, user: other}\n")
+    lab = inventory("hosts:\n  - {name: a, address: 127.0.0.2, cluster_address: 127.0.0.1}\n"
+                    "  - {name: b, address: 127.0.0.3, cluster_address: 127.0.0.1}\n")
+    nowhere = HOSTCHECK_SOURCE.parent / "nowhere"
+    assert lint(same_machine, nowhere) == [] and lint(lab, nowhere) == []
+
+
+# --- hostcheck.py, run as a host runs it -----------------------------------------------------
+
+def hostcheck(*args: str, timeout: float = 30) -> dict:
+    done = subprocess.run([sys.executable, "-", *args], input=HOSTCHECK_SOURCE.read_bytes(),
+                          capture_output=True, timeout=timeout, check=True)
+    return json.loads(done.stdout)
+
+
+def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_dir(tmp_path):
+    answer = hostcheck("probe", str(tmp_path / "not" / "yet"), "3")
+    assert answer["disk_path"] == str(tmp_path) and answer["disk_free"] > 0
+    assert answer["writable"] is True and len(set(answer["ports"])) == 3
+    assert answer["python"] == sys.version.split()[0]
+    from importlib import metadata
+    assert answer["versions"]["numpy"] == metadata.version("numpy")
+    assert not (tmp_path / "not").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mesh_answers_with_its_identity_and_stops_its_listeners(tmp_path):
+    mine, dead = free_port(), free_port()
+    spec = {"host": "a", "nonce": "n0", "window": 2, "attempt": 1, "listen": {str(mine): 1},
+            "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
+    answer = hostcheck("mesh", json.dumps(spec))
+    assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
+                                     "host": "a"}
+    assert answer["connects"][1]["error"] == "refused"
+    assert answer["accepted"] == {str(mine): 1}
+    with socket.socket() as s:          # the listener is gone with the process
+        assert s.connect_ex(("127.0.0.1", mine)) != 0
+
+
+def test_mesh_says_when_a_port_belongs_to_another_host_listener():
+    port = free_port()
+    spec = {"host": "b", "nonce": "n1", "window": 2, "attempt": 1, "listen": {str(port): 1},
+            "targets": [["127.0.0.1", port, "a"]]}
+    (result,) = hostcheck("mesh", json.dumps(spec))["connects"]
+    assert result["error"] == "wrong-host" and result["detail"] == "b"
+
+
+def test_mesh_listeners_end_by_themselves_when_callers_never_come():
+    """A lost controller or a peer that never dials leaves nothing: the window bounds it."""
+    port = free_port()
+    spec = {"host": "a", "nonce": "n2", "window": 1, "attempt": 1, "listen": {str(port): 2},
+            "targets": []}
+    answer = hostcheck("mesh", json.dumps(spec), timeout=15)   # ends by itself, or this fails
+    assert answer == {"connects": [], "accepted": {str(port): 0}, "bind_errors": {}}
