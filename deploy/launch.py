@@ -18,7 +18,7 @@ from .checkrun import check_before_run
 from .inventory import Inventory
 from .planner import Options, plan_run
 from .plantext import plan_document
-from .records import record_document, write_record
+from .records import FollowLock, record_document, write_record
 from .restarts import Restarter
 from .finish import Finish, finish
 from .runner import Run, RunSettings, follow_to_end, new_run_id, write_json
@@ -46,6 +46,9 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     write_record(local_dir, record_document(skeleton, "starting", started,
                                             restarts=settings.restarts))
     run = Run(skeleton, session, local_dir, console)
+    # This controller writes the local logs; another one (inv logs --follow) must not too.
+    lock = FollowLock(local_dir)
+    lock.acquire()
     how = Finish.DONE
     detached = False
     try:
@@ -70,8 +73,11 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         how = Finish.INTERRUPTED
         say(console, "interrupted: stopping every task of the run…", "yellow")
     finally:
-        if not detached:
-            code = finish(run, how)
+        try:
+            if not detached:
+                code = finish(run, how)
+        finally:
+            lock.release()
     return code
 
 

@@ -75,9 +75,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
     local_dir = find_run(runs_dir, run_id)
     doc = load_record(local_dir)
     if doc["state"] not in ACTIVE_STATES:
-        run = Run(plan_of(doc, str(local_dir / "record.json")), None, local_dir, console,
-                  only_task=task, writes_logs=False)
-        load_local_logs(run, run.show)
+        _show_local(doc, local_dir, console, task)
         say(console, f"run {doc['run_id']} has ended ({_describe(doc)}): the logs above "
                      "are complete", "dim")
         return 0
@@ -87,7 +85,11 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
         raise RecordError(f"run {doc['run_id']} was never fully started (its controller ended "
                           f"during the launch): stop it with inv down --run {doc['run_id']}")
     lock = FollowLock(local_dir)
-    if not lock.acquire():
+    if not lock.acquire() and not follow:
+        # The controller following the run keeps the local copy current: show that.
+        _show_local(doc, local_dir, console, task)
+        return 0
+    if lock.file is None:
         raise RecordError(f"run {doc['run_id']} is being followed by another controller "
                           f"(pid {doc.get('controller_pid')}); its logs are being written by it")
     try:
@@ -139,6 +141,12 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Con
         return finish(run, Finish.DOWN)
     finally:
         lock.release()
+
+
+def _show_local(doc: dict, local_dir: Path, console: Console, task: int | None) -> None:
+    run = Run(plan_of(doc, str(local_dir / "record.json")), None, local_dir, console,
+              only_task=task, writes_logs=False)
+    load_local_logs(run, run.show)
 
 
 def _describe(doc: dict) -> str:
