@@ -134,7 +134,6 @@ class Session:
             tar.extractall(into, filter="data")
             return sum(1 for m in tar.getmembers() if m.isfile())
 
-
     def carry_backup(self, plan: RunPlan) -> int:
         """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
         bare machines; BackupAndRestore restores every worker from the chief's backup).

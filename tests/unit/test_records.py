@@ -125,3 +125,39 @@ def test_only_one_follower_holds_the_lock(tmp_path):
     first.release()
     assert second.acquire()
     second.release()
+
+
+def test_the_runs_table_shows_each_state(tmp_path):
+    from rich.console import Console
+
+    from deploy.view import runs_table
+    docs = []
+    for n, (state, extra) in enumerate([("detached", {}), ("finished", {"exit_code": 3}),
+                                        ("down", {"attempt": 2})]):
+        run_dir = recorded(tmp_path, lab_plan(f"20260101-00000{n}-abcdef"), state=state,
+                           started=100.0 + n)
+        docs.append(update_record(run_dir, **extra))
+    console = Console(record=True, width=200)
+    console.print(runs_table(list_records(tmp_path), "runs"))
+    rows = [line for line in console.export_text().splitlines() if "20260101" in line]
+    assert [r.split("│")[1].strip() for r in rows] == [d["run_id"] for d in docs]
+    assert "detached" in rows[0] and "finished (exit 3)" in rows[1]
+    assert "down, attempt 2" in rows[2] and "a, b" in rows[2] and "│ 3 " in rows[2]
+
+
+def test_restarts_stop_when_used_up_or_when_a_stop_failed():
+    from rich.console import Console
+
+    from deploy.restarts import Restarter
+
+    class FakeRun:
+        console = Console(file=open(os.devnull, "w"))
+        attempt, problems = 1, []
+
+    restarter = Restarter(inventory=None, options=None, limit=1)
+    run = FakeRun()
+    assert restarter.may_restart(run)
+    run.problems = ["h2: processes of the run still alive after SIGKILL: 123"]
+    assert not restarter.may_restart(run)
+    run.problems, run.attempt = [], 2
+    assert not restarter.may_restart(run)
