@@ -15,13 +15,16 @@ from deploy.lints import LintFailed, lint
 from deploy.parallel import HostsFailed
 from deploy.planner import Options, plan_run
 from deploy.plantext import plan_text
-from deploy.runner import RunSettings, new_run_id, train as run_training
+from deploy.launch import train as run_training
+from deploy.reattach import down as stop_run, list_runs, logs as show_logs, status as show_status
+from deploy.records import RecordError
+from deploy.runner import RunSettings, new_run_id
 from deploy.session import StepFailed
 from deploy.shell import split_args
 from deploy.transport import TransportError
 
 EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFailed,
-                   TransportError, ChecksFailed, ValueError)
+                   TransportError, ChecksFailed, ValueError, RecordError)
 
 BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
 
@@ -51,10 +54,14 @@ def seconds(flag: str, value: str) -> float:
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
     "no_check": "skip the checks of `inv check` (versions, disk, ports, TCP mesh) before "
                 "starting",
+    "detach": "return once every task has started, leaving the run on its hosts; print its "
+              "id and the commands to follow (inv logs), inspect (inv status), stop (inv down)",
+    "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
+                "the chief's BackupAndRestore state, up to N times (default: 0)",
 })
 def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
-          start_timeout="120", no_check=False):
+          start_timeout="120", no_check=False, detach=False, restarts="0"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
@@ -71,20 +78,107 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
             return
+        if detach and count("--restarts", restarts):
+            raise ValueError("--restarts needs the controller that relaunches the run: it "
+                             "cannot be combined with --detach")
         settings = RunSettings(runs_dir=Path(runs_dir),
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
                                start_timeout=seconds("--start-timeout", start_timeout),
-                               check=not no_check)
+                               check=not no_check,
+                               restarts=count("--restarts", restarts), detach=detach)
         code = run_training(inventory, options, settings, console)
     except EXPECTED_ERRORS as exc:
-        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+        fail(console, exc)
     except KeyboardInterrupt:  # before anything was started; later ones are handled by the run
         console.print("interrupted", style="yellow")
         raise Exit(code=130)
     if code:
         raise Exit(code=code)
+
+
+def count(flag: str, value: str) -> int:
+    if not str(value).isdigit():
+        raise ValueError(f"{flag} takes a whole number, not {value!r}")
+    return int(value)
+
+
+def fail(console: Console, exc: Exception) -> None:
+    console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+    raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+
+
+def run_task(action, connect_timeout="10", accept_new_host_keys=False, **settings) -> None:
+    """Call a run-management action with its settings; errors and codes as `train` has them."""
+    console = Console(highlight=False)
+    try:
+        code = action(console, RunSettings(
+            connect_timeout=seconds("--connect-timeout", connect_timeout),
+            accept_new_host_keys=accept_new_host_keys, **settings))
+    except EXPECTED_ERRORS as exc:
+        fail(console, exc)
+    except KeyboardInterrupt:
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
+    if code:
+        raise Exit(code=code)
+
+
+RUN_HELP = {
+    # A flag, not a positional: Invoke has no optional positional arguments.
+    "run": "run id, or a unique prefix of one (default: the newest run in the runs dir)",
+    "runs_dir": "where the local run records are (default: runs/)",
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "accept_new_host_keys": "record host keys missing from known_hosts",
+}
+
+
+@task(help={"runs_dir": RUN_HELP["runs_dir"]})
+def runs(c, runs_dir="runs"):
+    """List the local run records (oldest first, newest last).
+
+    One row per run: id, start time, hosts, tasks and state (starting, running, detached,
+    finished with its exit code, interrupted, down)."""
+    run_task(lambda console, _: list_runs(Path(runs_dir), console))
+
+
+@task(help=RUN_HELP)
+def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
+    """Show every task of a run as its host sees it now.
+
+    State, pid, exit code, last epoch, loss and metrics. An ended run is shown from its
+    local records."""
+    run_task(lambda console, s: show_status(Path(runs_dir), run or None, s, console),
+             connect_timeout, accept_new_host_keys)
+
+
+@task(help={**RUN_HELP,
+            "follow": "keep following, with the live view of inv train, until the run ends; "
+                      "then fetch artifacts, write summary.json and tear the run down. "
+                      "Ctrl-C stops following only: the run goes on",
+            "task": "print only task N's lines (every task's log is still kept locally)"})
+def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
+         accept_new_host_keys=False, start_timeout="0"):
+    """Print a run's logs; with --follow, reattach until the run ends.
+
+    First the local copy, then what the hosts wrote since (nothing twice); the local copy
+    is completed on the way."""
+    def action(console, settings):
+        only = None if task is None else count("--task", task)
+        return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
+    run_task(action, connect_timeout, accept_new_host_keys,
+             start_timeout=seconds("--start-timeout", start_timeout))
+
+
+@task(help=RUN_HELP)
+def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
+    """Stop a run on every host and remove it there.
+
+    Fetches the chief's artifacts, sends SIGTERM to every task's process group, SIGKILL after
+    the run's grace, checks every host for survivors (reported loudly, exit 1) and removes
+    the run directories. Only this run's processes and directories are touched."""
+    run_task(lambda console, s: stop_run(Path(runs_dir), run or None, s, console),
+             connect_timeout, accept_new_host_keys)
 
 
 @task(help={

@@ -12,6 +12,7 @@ Layout of a run directory (<workdir>/runs/<run-id>/):
     worker-<i>.log      stdout+stderr of task i
     worker-<i>.pid      {"pid", "pgid", "started"} of task i's supervisor (its group leader)
     worker-<i>.exit     {"code", "ended"}, written by the supervisor when the task ends
+    worker-<i>.pid.<n>, worker-<i>.exit.<n>   the same of attempt n, moved aside by a relaunch
 
 Verbs (each prints one JSON document on stdout):
     launch RUNDIR TASK CWD -- ARGV...   environment as JSON on stdin; starts task detached
@@ -19,7 +20,8 @@ Verbs (each prints one JSON document on stdout):
     ports RUNDIR COUNT                  free TCP ports, distinct from each other
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
     follow RUNDIR TASK:OFFSET...        the same as a stream of JSON lines, one per change,
-                                        until every task has ended and its log is read
+                                        until every task has ended and its log is read;
+                                        `stop GRACE` on its stdin stops the tasks at once
     stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
 """
@@ -30,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 MAX_CHUNK = 1 << 20
@@ -63,8 +66,25 @@ def run_id_of(rundir):
     return doc["run_id"]
 
 
+def set_aside(rundir, task, attempt):
+    """A relaunch keeps the previous attempt's pid and exit files under another name, so
+    that its state is not mistaken for the new attempt's (and nothing is lost)."""
+    for kind in ("pid", "exit"):
+        path = task_file(rundir, task, kind)
+        if os.path.exists(path):
+            os.replace(path, "%s.%d" % (path, attempt - 1))
+
+
+def ends_with_newline(path):
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 def launch(rundir, task, cwd, argv):
     doc = json.load(sys.stdin)
+    attempt = int(doc["env"].get("TFDEPLOY_ATTEMPT", "1"))
+    set_aside(rundir, task, attempt)
     env = dict(os.environ)
     for key, value in doc["env"].items():
         if key in PATH_VARS:
@@ -74,6 +94,14 @@ def launch(rundir, task, cwd, argv):
         if key in env:
             os.makedirs(env[key], exist_ok=True)
     log = open(task_file(rundir, task, "log"), "ab")
+    if attempt > 1:
+        # One log per task across attempts; this line marks where a relaunch begins, on a
+        # line of its own even if the failed attempt died mid-line.
+        if log.tell() and not ends_with_newline(log.name):
+            log.write(b"\n")
+        log.write(("==== tfdeploy: attempt %d of task %s starts at %s ====\n" % (
+            attempt, task, time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
+        log.flush()
     proc = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "supervise", rundir, task, "--"] + argv,
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -110,6 +138,26 @@ def free_ports(count):
     finally:
         for s in socks:
             s.close()
+
+
+def ignores_term(pid):
+    """Whether SIGTERM is set to SIG_IGN in process `pid` (SigIgn in /proc/<pid>/status).
+    TERM cannot end such a process, so waiting the grace period for it is only a delay."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def deaf_to_term(pgid, members):
+    """A group in which every process but the supervisor (the group leader, which waits for
+    its child and records the exit code) ignores SIGTERM: TERM has no one to end."""
+    workers = [p for p in members if p != pgid]
+    return bool(workers) and all(ignores_term(p) for p in workers)
 
 
 def group_members(pgid, run_id):
@@ -201,10 +249,33 @@ def poll(rundir, offsets, thorough=True):
 def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
     """Stream changes as they happen. One long-lived process is far cheaper than a new
     process per poll, which matters on hosts whose cores are busy training. The heartbeat
-    makes a follower whose reader went away notice it (broken pipe) and exit."""
+    makes a follower whose reader went away notice it (broken pipe) and exit.
+
+    It also takes `stop GRACE` lines on stdin and answers {"stopped": ...}: this process is
+    already running, so a stop sent through it acts at once, where a new command would first
+    wait for a Python to start on a host whose cores are busy training (seconds)."""
     run_id_of(rundir)  # refuse a directory that is not a run's, once
     offsets = dict(offsets)
     last = {}
+    out = threading.Lock()
+    stopping = threading.Lock()
+
+    def send(doc):
+        with out:
+            sys.stdout.write(json.dumps(doc) + "\n")
+            sys.stdout.flush()
+
+    def commands():
+        try:
+            for line in sys.stdin:
+                words = line.split()
+                if len(words) == 2 and words[0] == "stop":
+                    with stopping:
+                        send({"stopped": stop(rundir, float(words[1]))})
+        except (OSError, ValueError):
+            pass  # the reader went away; the heartbeat ends us
+
+    threading.Thread(target=commands, daemon=True).start()
     last_write = time.time()
     while True:
         doc = poll(rundir, offsets, thorough=False)
@@ -217,12 +288,12 @@ def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
             last[task] = key
         now = time.time()
         if changed or now - last_write > heartbeat:
-            sys.stdout.write(json.dumps({"tasks": changed}) + "\n")
-            sys.stdout.flush()
+            send({"tasks": changed})
             last_write = now
         if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
                for s in doc["tasks"].values()):
-            return None
+            with stopping:   # a stop in progress still gets to answer
+                return None
         if not any(s["offset"] < s["size"] for s in doc["tasks"].values()):
             time.sleep(interval)
 
@@ -235,18 +306,30 @@ def stop(rundir, grace):
         if info:
             groups[task] = info["pgid"]
     signalled = {}
+
+    def send(task, pgid, sig):
+        try:
+            os.killpg(pgid, sig)
+            signalled.setdefault(str(task), []).append(signal.Signals(sig).name)
+        except ProcessLookupError:
+            pass
+
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         live = {t: g for t, g in groups.items() if group_members(g, run_id)}
         for task, pgid in live.items():
-            try:
-                os.killpg(pgid, sig)
-                signalled.setdefault(str(task), []).append(signal.Signals(sig).name)
-            except ProcessLookupError:
-                pass
+            send(task, pgid, sig)
         deadline = time.time() + wait
         while live and time.time() < deadline:
             time.sleep(0.05)
-            live = {t: g for t, g in live.items() if group_members(g, run_id)}
+            members = {t: group_members(g, run_id) for t, g in live.items()}
+            live = {t: g for t, g in live.items() if members[t]}
+            if sig == signal.SIGTERM:
+                for task, pgid in live.items():
+                    # TERM cannot end a group whose processes ignore it: KILL it now
+                    # rather than after the grace period (the others keep their grace).
+                    if deaf_to_term(pgid, members[task]) and "SIGKILL" not in \
+                            signalled.get(str(task), ()):
+                        send(task, pgid, signal.SIGKILL)
         if not live:
             break
     survivors = sorted(p for g in groups.values() for p in group_members(g, run_id))

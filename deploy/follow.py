@@ -67,6 +67,22 @@ class Followers:
         except Exception as exc:  # reported to the main thread, which decides
             self.events.put(Event(name, "error", error=str(exc)))
 
+    def send_stop(self, grace: float) -> list[str]:
+        """Ask every host's follower to stop its tasks now (TERM, KILL after `grace`); each
+        answers with a {"stopped": ...} document. Returns the hosts it could not ask."""
+        with self.lock:
+            streams = dict(self.streams)
+        failed = []
+        for hp in self.plan.hosts:
+            stream = streams.get(hp.host.name)
+            try:
+                if stream is None:
+                    raise OSError("no follower")
+                stream.send(f"stop {grace:g}\n".encode())
+            except Exception:  # that host is stopped the slow way instead
+                failed.append(hp.host.name)
+        return failed
+
     def next(self, timeout: float) -> Event | None:
         try:
             return self.events.get(timeout=timeout)

@@ -14,6 +14,7 @@ from .shell import join, quote, quote_path
 AGENT_FILE = "tfdeploy_agent.py"
 PAYLOAD_DIR = "payload"
 OUTPUT_DIR = "output"
+BACKUP_DIR = "backup"
 # Ports probed beyond a host's own tasks, so that ports already given to another host that is
 # really the same machine can be skipped without asking again.
 SPARE_PORTS = 4
@@ -130,6 +131,19 @@ def fetch_output_command(rundir: str) -> str:
     return f"if [ -d {out} ]; then tar -czf - -C {out} .; fi"
 
 
+def fetch_backup_command(rundir: str) -> str:
+    """The chief's backup as tar.gz on stdout; nothing when it has none yet."""
+    backup = quote_path(f"{rundir}/{BACKUP_DIR}")
+    return f"if [ -d {backup} ]; then tar -czf - -C {backup} .; fi"
+
+
+def replace_backup_command(rundir: str) -> str:
+    """Replace the host's backup with the tar.gz on stdin (an empty archive: no backup).
+    Only <rundir>/backup is deleted, inside the run's own directory."""
+    backup = quote_path(f"{rundir}/{BACKUP_DIR}")
+    return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
+
+
 def assign_ports(hosts: list[tuple[Host, int]],
                  free: Mapping[str, list[int]]) -> dict[str, list[int]]:
     """`count` ports per host from the ports found free on it, distinct across the whole
@@ -162,6 +176,9 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
         "TFDEPLOY_OUTPUT_DIR": EnvValue(f"{rundir}/{OUTPUT_DIR}"),
+        # Where the payload keeps its BackupAndRestore state; --restarts carries the chief's
+        # copy to every host before a relaunch (there is no shared disk).
+        "TFDEPLOY_BACKUP_DIR": EnvValue(f"{rundir}/{BACKUP_DIR}"),
     }
     env.update(host.env)
     return env

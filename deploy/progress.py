@@ -70,6 +70,21 @@ class TaskProgress:
         self.tail = (self.tail + lines)[-tail_lines:]
         return data, lines
 
+    def replay(self, data: bytes, tail_lines: int = 40) -> list[str]:
+        """Take in a local copy of the log (a reattaching controller): the metrics and losses
+        it holds, and the offset from which the host has more."""
+        lines = self.feed(data)
+        for line in lines:
+            self.observe(line)
+        self.tail = (self.tail + lines)[-tail_lines:]
+        self.offset = self.size = len(data)
+        return lines
+
+    def new_attempt(self) -> None:
+        """The task is launched again (--restarts): a fresh state, the same log and offset."""
+        self.state, self.code, self.pid, self.started, self.ended = "pending", None, None, None, None
+        self.first_step = False
+
     def feed(self, data: bytes) -> list[str]:
         chunks = (self.partial + data).split(b"\n")
         self.partial = chunks.pop()
@@ -83,6 +98,10 @@ class TaskProgress:
         kind = event.get("event")
         if kind == "first_step":
             self.first_step = True
+        elif kind == "resumed" and isinstance(event.get("epoch"), int):
+            # Training goes on after the last backed-up epoch: the losses of epochs after
+            # it (from a failed attempt) are replaced by the new attempt's.
+            del self.losses[event["epoch"]:]
         elif kind == "epoch":
             self.first_step = True
             self.epoch = event.get("epoch")

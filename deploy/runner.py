@@ -1,11 +1,10 @@
-"""`train`: one run from inventory to summary, with teardown whatever happens.
-
-Order matters for "bad input changes nothing anywhere": everything that can be checked locally
-(inventory, payload, args) is checked before any host is touched, and once anything has been
-written to a host, every way out goes through teardown.
+"""Following a run: one path for a run just launched (launch.py) and for one found again
+from its local record (reattach.py), so both are watched, stopped and (finish.py) ended the
+same way.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -14,20 +13,21 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 
-from .bundle import build_bundle
-from .checkrun import check_before_run
-from .inventory import Inventory
-from .planner import Options, RunPlan, plan_run
-from .plantext import plan_document
-from .progress import TaskProgress, losses_agree
 from .follow import Followers
+from .planner import RunPlan
+from .progress import TaskProgress
+from .records import update_record
 from .session import Session, StepFailed
-from .view import LiveView, failure_panel, say, summary_table
+from .view import LiveView, failure_panel, prefixed, say
 
 EXIT_INTERRUPTED = 130
+# Seconds beyond the grace period to wait for a follower's answer to a stop before stopping
+# that host with a command of its own.
+STOP_ANSWER_SLACK = 10.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class RunSettings:
     # A worker whose peer never comes waits for an hour and ignores SIGTERM: without this
     # watchdog a missing or blocked peer is a silent hang.
     start_timeout: float = 120.0
+    restarts: int = 0
+    detach: bool = False
     # Probe every host and the TCP mesh before anything is written anywhere (checkrun.py).
     check: bool = True
 
@@ -47,18 +49,65 @@ def new_run_id() -> str:
 
 
 class Run:
-    """The state of one run on the controller: its plan, its tasks' progress, its local files."""
+    """The state of one run on the controller: its plan, its tasks' progress, its local files.
+    The same object follows a run it just launched and one it found again from its record."""
 
-    def __init__(self, plan: RunPlan, session: Session, local_dir: Path, console: Console):
+    def __init__(self, plan: RunPlan, session: Session, local_dir: Path, console: Console,
+                 only_task: int | None = None, writes_logs: bool = True):
         self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
         self.tasks = [TaskProgress(t.index, t.host.name) for t in plan.tasks]
-        self.logs = {t.index: open(local_dir / f"{t.name}.log", "ab") for t in plan.tasks}
+        self.only_task = only_task          # `inv logs --task N`: print only its lines
+        self.writes_logs = writes_logs      # False while another controller follows the run
+        self.logs = {t.index: open(local_dir / f"{t.name}.log", "ab") for t in plan.tasks} \
+            if writes_logs else {}
         self.failure: tuple[TaskProgress, str] | None = None
         self.problems: list[str] = []
+        self.attempts: list[dict] = []
+        self.attempt = 1
+        # Ctrl-C while following stops the run (inv train), or only the following (inv logs).
+        self.interrupt_stops = True
+        self.followers: Followers | None = None
+        self.stop_pending: dict[str, float] = {}    # host -> when a fast stop was asked
+        self.stopped_clean = False                  # every host answered: nothing survived
+
+    def set_state(self, state: str, **fields) -> None:
+        update_record(self.dir, state=state, **fields)
+
+    def show(self, task: TaskProgress, lines: list[str], view: LiveView | None = None) -> None:
+        if self.only_task is not None and task.index != self.only_task:
+            return
+        if view:
+            view.lines(task, lines)
+        else:
+            for line in lines:
+                self.console.print(prefixed(task, line), markup=False, highlight=False,
+                                   soft_wrap=True)
+
+    def catch_up(self, print_lines: bool = True) -> None:
+        """Read every task's log on the hosts from where the local copy ends, to its end."""
+        while True:
+            answers, errors = self.session.poll(self.plan, self.offsets())
+            for name, error in errors.items():
+                raise StepFailed(f"{name}: reading the logs: {error}")
+            more = False
+            for task in self.tasks:
+                if task.index in answers:
+                    data, lines = task.update(answers[task.index])
+                    self._keep(task, data)
+                    if print_lines:
+                        self.show(task, lines)
+                    more = more or task.offset < task.size
+            if not more:
+                return
+
+    def _keep(self, task: TaskProgress, data: bytes) -> None:
+        if self.writes_logs and data:
+            self.logs[task.index].write(data)
+            self.logs[task.index].flush()
 
     def watch(self, start_timeout: float) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
-        followers = Followers(self.plan, self.session.transports)
+        followers = self.followers = Followers(self.plan, self.session.transports)
         by_index = {t.index: t for t in self.tasks}
         hosts = {hp.host.name: [by_index[t.index] for t in hp.tasks] for hp in self.plan.hosts}
         followers.start_all(self.offsets())
@@ -69,13 +118,13 @@ class Run:
                     if deadline and time.monotonic() > deadline:
                         self._check_started(start_timeout)
                         deadline = 0.0
+                    self._stop_slowly_if_unanswered()
                     event = followers.next(timeout=0.25)
                     if event is None:
                         view.refresh()
                         continue
                     if event.kind == "doc":
-                        for index, doc in event.doc["tasks"].items():
-                            self._apply(by_index[int(index)], doc, view)
+                        self._take(event, view)
                     elif not all(t.finished for t in hosts[event.host]):
                         # The stream broke (or ended early): follow again from where we are.
                         if event.error:
@@ -84,8 +133,80 @@ class Run:
                             raise StepFailed(f"{event.host}: lost contact while following the "
                                              f"run: {event.error or 'stream ended'}")
                     view.refresh()
+        except KeyboardInterrupt:
+            if self.interrupt_stops:
+                restore = ignore_sigint()
+                try:
+                    self._stop_at_once(wait=True)
+                finally:
+                    restore()
+            raise
         finally:
             followers.close()
+            self.followers = None
+        # Asked to stop, but the tasks ended before a follower answered: nothing to wait for.
+        self.stop_pending.clear()
+
+    def stop_tasks(self) -> None:
+        """Stop every task: through the running followers when there are (at once), else
+        with one command per host."""
+        if self.followers is None:
+            self.problems += self.session.stop(self.plan).values()
+            return
+        self._stop_at_once(wait=False)
+
+    def _stop_at_once(self, wait: bool) -> None:
+        grace = self.plan.options.grace
+        failed = self.followers.send_stop(grace)
+        now = time.monotonic()
+        self.stop_pending.update({hp.host.name: now for hp in self.plan.hosts
+                                  if hp.host.name not in failed})
+        if failed:
+            self._stop_hosts(failed)
+        if not wait:
+            return
+        # Ctrl-C: wait for the answers (the loop that would read them is being left).
+        deadline = now + grace + STOP_ANSWER_SLACK
+        while self.stop_pending and time.monotonic() < deadline:
+            event = self.followers.next(timeout=0.25)
+            if event is None:
+                continue
+            if event.kind == "doc":
+                self._take(event, None)
+            elif event.host in self.stop_pending:
+                # Its follower ended (every task there ended) before answering.
+                self._stop_hosts([event.host])
+        self._stop_slowly_if_unanswered(force=True)
+        self.stopped_clean = not self.problems
+
+    def _take(self, event, view: LiveView | None) -> None:
+        """One follower document: task states and log bytes, or the answer to a stop."""
+        if "stopped" in event.doc:
+            self._stopped(event.host, event.doc["stopped"])
+            return
+        by_index = {t.index: t for t in self.tasks}
+        for index, doc in event.doc["tasks"].items():
+            self._apply(by_index[int(index)], doc, view)
+
+    def _stopped(self, host: str, answer: dict) -> None:
+        self.stop_pending.pop(host, None)
+        if answer.get("survivors"):
+            pids = ", ".join(map(str, answer["survivors"]))
+            self.problems.append(f"{host}: processes of the run still alive after SIGKILL: "
+                                 f"{pids}")
+
+    def _stop_slowly_if_unanswered(self, force: bool = False) -> None:
+        """A host whose follower did not answer a stop in time is stopped by a command."""
+        late = [h for h, asked in self.stop_pending.items()
+                if force or time.monotonic() - asked > self.plan.options.grace + STOP_ANSWER_SLACK]
+        if late:
+            self._stop_hosts(late)
+
+    def _stop_hosts(self, names: list[str]) -> None:
+        for name in names:
+            self.stop_pending.pop(name, None)
+        hosts = tuple(hp for hp in self.plan.hosts if hp.host.name in names)
+        self.problems += self.session.stop(dataclasses.replace(self.plan, hosts=hosts)).values()
 
     def _check_started(self, start_timeout: float) -> None:
         """Fail the run if some task never reached its first training step.
@@ -100,16 +221,16 @@ class Run:
             self.failure = (stuck[0], f"startup watchdog: {names} did not reach a first "
                                       f"training step within {start_timeout:g} s")
             say(self.console, self.failure[1] + " — stopping the run", "red")
-            self.problems += self.session.stop(self.plan).values()
+            self.stop_tasks()
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}
 
-    def _apply(self, task: TaskProgress, doc: dict, view: LiveView) -> None:
+    def _apply(self, task: TaskProgress, doc: dict, view: LiveView | None) -> None:
         data, lines = task.update(doc)
-        self.logs[task.index].write(data)
-        view.lines(task, lines)
-        if task.finished and task.failed and self.failure is None:
+        self._keep(task, data)
+        self.show(task, lines, view)
+        if task.finished and task.failed and self.failure is None and view is not None:
             self._fail(task)
 
     def _fail(self, task: TaskProgress) -> None:
@@ -118,138 +239,41 @@ class Run:
         self.failure = (task, reason)
         self.console.print(failure_panel(task, reason))
         say(self.console, f"{task.name} failed: stopping the other tasks", "red")
-        self.problems += self.session.stop(self.plan).values()
+        self.stop_tasks()
 
     def close_logs(self) -> None:
         for log in self.logs.values():
             log.close()
 
 
-def train(inventory: Inventory, options: Options, settings: RunSettings,
-          console: Console) -> int:
-    run_id = new_run_id()
-    bundle = build_bundle(Path(options.payload), options.entry, run_id)
-    skeleton = plan_run(inventory, options, run_id)
-    local_dir = settings.runs_dir / run_id
-    count = len(skeleton.tasks)
-    console.print(f"run [bold]{run_id}[/]: {count} task(s) on {len(inventory.hosts)} host(s); "
-                  f"local records in {local_dir}", highlight=False)
-    with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
-        session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
-    if settings.check:
-        check_before_run(session, inventory, console)   # closes the session when it fails
-    local_dir.mkdir(parents=True, exist_ok=True)
-    run: Run | None = None
-    plan = skeleton
-    interrupted = False
-    started = time.monotonic()
-    try:
-        with console.status(f"pushing payload ({len(bundle) / 1024:.0f} KiB) to "
-                            f"{len(inventory.hosts)} host(s)…"):
-            session.push(skeleton, bundle)
-            plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
-        _write_json(local_dir / "plan.json", plan_document(plan))
-        run = Run(plan, session, local_dir, console)
-        with console.status(f"starting {count} task(s)…"):
-            session.launch(plan)
-        console.print(f"started {count} task(s) in {time.monotonic() - started:.1f} s; "
-                      "cluster " + ", ".join(t.endpoint for t in plan.tasks), highlight=False)
+def load_local_logs(run: Run, shown: Callable[[TaskProgress, list[str]], None] | None) -> None:
+    """Start from the local copies of the logs: their metrics count, and reading the hosts'
+    logs goes on from where they end, so no byte is printed or stored twice."""
+    for task in run.tasks:
+        path = run.dir / f"{task.name}.log"
+        lines = task.replay(path.read_bytes() if path.exists() else b"")
+        if shown:
+            shown(task, lines)
+
+
+def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
+    """Watch the run until every task has ended; on a failure, relaunch while `restarter`
+    allows (--restarts)."""
+    while True:
         run.watch(settings.start_timeout)
-    except KeyboardInterrupt:
-        interrupted = True
-        say(console, "interrupted: stopping every task of the run…", "yellow")
-    finally:
-        code = _finish(plan, session, run, local_dir, console, interrupted)
-    return code
+        if run.failure is None or restarter is None or not restarter.may_restart(run):
+            return
+        restarter.restart(run)
 
 
-def _finish(plan: RunPlan, session: Session, run: Run | None, local_dir: Path,
-            console: Console, interrupted: bool) -> int:
-    """Fetch what the run made, tear it down everywhere, write the summary. Runs on every exit
-    path after the first push, including Ctrl-C and errors."""
-    problems: list[str] = list(run.problems) if run else []
-    artifacts = 0
-    # A second Ctrl-C must not cut teardown short and leave tasks behind; every remote step
-    # here has its own timeout, so ignoring it cannot hang the controller forever.
-    restore = _ignore_sigint()
-    try:
-        with console.status("stopping tasks and fetching results…"):
-            if run and not interrupted:
-                try:
-                    artifacts = session.fetch_output(plan, local_dir / "artifacts")
-                except Exception as exc:  # reported; teardown still runs
-                    problems.append(f"fetching artifacts: {exc}")
-            if run and interrupted:
-                _drain_logs(run)
-            problems += session.cleanup(plan).values()
-    finally:
-        session.close()
-        if run:
-            run.close_logs()
-        restore()
-    code = _exit_code(run, interrupted, problems)
-    if run:
-        console.print(summary_table(run.tasks))
-        _write_json(local_dir / "summary.json", _summary(plan, run, artifacts, problems, code,
-                                                         interrupted))
-    for problem in problems:
-        say(console, f"teardown: {problem}", "bold red")
-    if not problems:
-        say(console, f"teardown: no process of run {plan.run_id} left; run directories "
-                     f"removed on {len(plan.hosts)} host(s)", "green")
-    if artifacts:
-        console.print(f"artifacts: {artifacts} file(s) in {local_dir / 'artifacts'}",
-                      highlight=False)
-    return code
-
-
-def _ignore_sigint():
+def ignore_sigint():
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     return lambda: signal.signal(signal.SIGINT, previous)
 
 
-def _drain_logs(run: Run) -> None:
-    """After a stop, read what the tasks wrote last, so the local logs are complete."""
-    try:
-        answers, _ = run.session.poll(run.plan, {t.index: t.offset for t in run.tasks})
-        for task in run.tasks:
-            if task.index in answers:
-                data, _ = task.update(answers[task.index])
-                run.logs[task.index].write(data)
-    except Exception:  # best effort: the run is being torn down anyway
-        pass
-
-
-def _exit_code(run: Run | None, interrupted: bool, problems: list[str]) -> int:
-    if interrupted:
-        return EXIT_INTERRUPTED
-    if run is None or problems or run.failure:
-        return 1
-    return 0 if all(t.state == "exited" and t.code == 0 for t in run.tasks) else 1
-
-
-def _summary(plan: RunPlan, run: Run, artifacts: int, problems: list[str], code: int,
-             interrupted: bool) -> dict:
-    return {
-        "run_id": plan.run_id,
-        "exit_code": code,
-        "interrupted": interrupted,
-        "failure": None if not run.failure else {
-            "task": run.failure[0].name, "reason": run.failure[1]},
-        "losses_agree": losses_agree(run.tasks),
-        "artifact_files": artifacts,
-        "teardown_problems": problems,
-        "tasks": [{
-            "task": t.name, "host": t.host, "state": t.state, "exit_code": t.code,
-            "duration_s": None if t.duration is None else round(t.duration, 3),
-            "epochs": t.epoch, "final_loss": t.loss, "losses": t.losses,
-        } for t in run.tasks],
-    }
-
-
-def _write_json(path: Path, doc: dict) -> None:
+def write_json(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, path)

@@ -13,8 +13,8 @@ from typing import Callable, Mapping
 
 from .inventory import Host, Inventory
 from .parallel import HostsFailed, on_all, on_each
-from .planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_output_command,
-                      poll_command, stop_command)
+from .planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command,
+                      fetch_output_command, poll_command, replace_backup_command, stop_command)
 from .transport import CommandResult, Transport, connect
 
 
@@ -81,10 +81,13 @@ class Session:
         return {t.index: port for hp in plan.hosts
                 for t, port in zip(hp.tasks, chosen[hp.host.name])}
 
-    def launch(self, plan: RunPlan) -> None:
+    def launch(self, plan: RunPlan, attempt: int = 1) -> None:
         def start(hp: HostPlan, t: Transport) -> None:
             for task in hp.tasks:
-                env = json.dumps({"env": {k: v.value for k, v in task.env.items()}})
+                values = {k: v.value for k, v in task.env.items()}
+                # The attempt (1, then 2... under --restarts) also tells the agent to set the
+                # previous attempt's files aside and mark the log.
+                env = json.dumps({"env": {**values, "TFDEPLOY_ATTEMPT": str(attempt)}})
                 agent_json(t.run(task.launch.line, stdin=env.encode(), timeout=60),
                            hp.host, f"starting {task.name}")
         self._all("starting tasks", plan.hosts, start)
@@ -131,3 +134,23 @@ class Session:
             tar.extractall(into, filter="data")
             return sum(1 for m in tar.getmembers() if m.isfile())
 
+    def carry_backup(self, plan: RunPlan) -> int:
+        """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
+        bare machines; BackupAndRestore restores every worker from the chief's backup).
+        Returns the size of the archive carried."""
+        chief = next(h for h in plan.hosts if plan.chief in h.tasks)
+        data = checked(self.transports[chief.host.name].run(
+            fetch_backup_command(chief.run_dir), timeout=600), chief.host, "fetching the backup"
+        ).stdout or _empty_tar_gz()
+        others = [hp for hp in plan.hosts if hp is not chief]
+        self._all("carrying the backup", others, lambda hp, t: checked(
+            t.run(replace_backup_command(hp.run_dir), stdin=data, timeout=600), hp.host,
+            "replacing the backup"))
+        return len(data)
+
+
+def _empty_tar_gz() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz"):
+        pass
+    return buf.getvalue()

@@ -50,6 +50,8 @@ class LineStream(Protocol):
 
     def __iter__(self): ...
 
+    def send(self, data: bytes) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -57,11 +59,18 @@ class LocalStream:
     def __init__(self, line: str):
         # Its own session, so that closing it ends exactly this command and its children.
         self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     stdin=subprocess.PIPE, start_new_session=True,
                                      cwd=os.path.expanduser("~"))
 
     def __iter__(self):
         return iter(self.proc.stdout)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise TransportError(f"local stream: {exc}") from None
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -71,6 +80,10 @@ class LocalStream:
                 pass
         self.proc.wait()
         self.proc.stdout.close()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
 
 
 class SshStream:
@@ -81,6 +94,12 @@ class SshStream:
     def __iter__(self):
         try:
             yield from self.file
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
 
@@ -168,7 +187,7 @@ class SshTransport:
     def stream(self, line: str) -> LineStream:
         channel = self._channel()
         channel.exec_command(line)
-        channel.shutdown_write()
+        # stdin stays open: the follower takes commands on it (a fast stop).
         return SshStream(channel, self.host.label)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .progress import TaskProgress, losses_agree
+from .records import shown_state, started_text
 
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
            "bright_magenta", "bright_green", "bright_yellow")
@@ -95,3 +96,26 @@ def failure_panel(task: TaskProgress, reason: str) -> Panel:
     body = Text("\n".join(task.tail[-20:]) or "(no output)")
     return Panel(body, title=f"{task.name} on {task.host}: {reason} — last log lines",
                  border_style="red", title_align="left")
+
+
+RUN_STATE_STYLES = {"running": "yellow", "detached": "cyan", "starting": "yellow",
+                    "finished": "green", "interrupted": "magenta", "down": "dim"}
+
+
+def runs_table(records: list[dict], title: str) -> Table:
+    """One row per local run record (records.py)."""
+    table = Table(title=title, title_justify="left")
+    for column in ("run", "started", "hosts", "tasks", "state"):
+        # Ids and times are what a user copies: never wrapped or cut.
+        table.add_column(column, no_wrap=column in ("run", "started", "state"))
+    for doc in records:
+        state = shown_state(doc)
+        style = RUN_STATE_STYLES.get(doc.get("state"), "")
+        if doc.get("state") == "finished" and doc.get("exit_code") != 0:
+            style = "bold red"
+        if doc.get("attempt", 1) > 1:
+            state += f", attempt {doc['attempt']}"
+        table.add_row(doc["run_id"], started_text(doc),
+                      ", ".join(h["name"] for h in doc.get("hosts", [])),
+                      str(len(doc.get("tasks", []))), Text(state, style=style))
+    return table

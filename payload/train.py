@@ -7,6 +7,7 @@ reports progress as one JSON document per stdout line, which the launcher parses
     {"event": "start", "task": 0, "workers": 2, "run_id": "...", ...}
     {"event": "first_step", "task": 0}
     {"event": "epoch", "task": 0, "epoch": 1, "loss": 1.23, "accuracy": 0.5, "seconds": 0.8}
+    {"event": "resumed", "task": 0, "epoch": 2}   (BackupAndRestore: 2 epochs were done)
     {"event": "saved", "task": 0, "path": "..."}
     {"event": "done", "task": 0}
 
@@ -172,7 +173,15 @@ class JsonProgress(keras.callbacks.Callback):
             break
         emit("first_step", self.task)
 
+    def on_train_begin(self, logs=None):
+        self.resume_checked = False
+
     def on_epoch_begin(self, epoch, logs=None):
+        # BackupAndRestore (run before us) makes fit start after the last backed-up epoch:
+        # a first epoch other than 0 means this attempt resumed a previous one.
+        if not getattr(self, "resume_checked", True) and epoch > 0:
+            emit("resumed", self.task, epoch=epoch)
+        self.resume_checked = True
         self.epoch_started = time.monotonic()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -241,7 +250,7 @@ def main(argv=None, callbacks=()):
     if backup_dir:
         # Resumes from the last finished epoch after a restart. Only the chief's backup
         # is kept (<dir>/chief) and every worker restores from that path, so with workers
-        # on several hosts the directory must be shared storage.
+        # on several hosts the launcher (--restarts) copies the chief's backup to each.
         cbs.append(keras.callbacks.BackupAndRestore(backup_dir=backup_dir))
     cbs.append(JsonProgress(index))
     cbs.extend(callbacks)

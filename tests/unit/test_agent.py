@@ -329,3 +329,87 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     # A second cleanup (the run dir is gone) answers instead of failing.
     again = transport.run(cleanup_command(host, hp.run_dir, 1))
     assert again.code == 0 and json.loads(again.stdout) == {"survivors": [], "absent": True}
+
+
+def test_a_relaunch_sets_the_previous_attempt_aside_and_marks_the_log(rundir):
+    first = launch(rundir, 0, "/bin/sh", "-c", "printf 'no newline at the end'; exit 3")
+    assert poll_until_ended(rundir, 0)["code"] == 3
+    second = launch(rundir, 0, "/bin/sh", "-c", "echo again", env={"TFDEPLOY_ATTEMPT": "2"})
+    status = poll_until_ended(rundir, 0)
+    # The new attempt's state, not the old exit file's; the old files are kept aside.
+    assert (status["state"], status["code"], status["pid"]) == ("exited", 0, second["pid"])
+    assert json.loads((rundir / "worker-0.pid.1").read_text()) == first
+    assert json.loads((rundir / "worker-0.exit.1").read_text())["code"] == 3
+    lines = (rundir / "worker-0.log").read_text().splitlines()
+    assert lines[0] == "no newline at the end"
+    assert lines[1].startswith("==== tfdeploy: attempt 2 of task 0 starts at ")
+    assert lines[2:] == ["again"]
+
+
+def test_stop_kills_a_group_that_ignores_term_without_waiting_the_grace(rundir, run_id):
+    launch(rundir, 0, sys.executable, "-c",
+           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           "print('ready', flush=True); time.sleep(60)")
+    launch(rundir, 1, "sleep", "60")
+    wait_for_log(rundir, 0, b"ready\n")
+    wait_for_processes(run_id, 4)
+    started = time.monotonic()
+    result = agent("stop", str(rundir), "30")
+    took = time.monotonic() - started
+    assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"], "1": ["SIGTERM"]},
+                      "survivors": []}
+    assert took < 15, f"stop waited {took:.1f} s: the 30 s grace was not cut short"
+    assert processes_of_run(run_id) == []
+
+
+def test_a_task_that_handles_term_keeps_its_grace(rundir, run_id):
+    """A handler may be a graceful shutdown in progress: only SIG_IGN counts as deaf."""
+    launch(rundir, 0, sys.executable, "-c",
+           "import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('term', "
+           "flush=True)); print('ready', flush=True); time.sleep(60)")
+    wait_for_log(rundir, 0, b"ready\n")
+    started = time.monotonic()
+    result = agent("stop", str(rundir), "1.5")
+    assert time.monotonic() - started >= 1.5
+    assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
+    assert b"term\n" in (rundir / "worker-0.log").read_bytes()
+
+
+def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(tmp_path, rundir):
+    from deploy.planner import fetch_backup_command, replace_backup_command
+    source = tmp_path / "chief" / "runs" / rundir.name
+    (source / "backup" / "chief").mkdir(parents=True)
+    (source / "backup" / "chief" / "checkpoint").write_text("epoch 2")
+    archive = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(source))],
+                             capture_output=True, check=True).stdout
+    (rundir / "backup" / "workertemp_1").mkdir(parents=True)
+    (rundir / "backup" / "stale").write_text("old")
+    subprocess.run(["/bin/sh", "-c", replace_backup_command(str(rundir))], input=archive,
+                   check=True)
+    assert sorted(str(p.relative_to(rundir)) for p in (rundir / "backup").rglob("*")) == [
+        "backup/chief", "backup/chief/checkpoint"]
+    assert (rundir / "run.json").exists()
+    # A chief with no backup yet gives nothing; the host's backup is then emptied.
+    nothing = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(tmp_path / "none"))],
+                             capture_output=True, check=True).stdout
+    assert nothing == b""
+
+
+def test_a_follower_stops_the_tasks_when_asked_on_its_stdin(rundir, run_id):
+    launch(rundir, 0, "sleep", "60")
+    wait_for_processes(run_id, 2)
+    follower = subprocess.Popen([sys.executable, str(AGENT), "follow", str(rundir), "0:0"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        follower.stdin.write("stop 5\n")
+        follower.stdin.flush()
+        out, _ = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert {"stopped": {"signalled": {"0": ["SIGTERM"]}, "survivors": []}} in docs
+    states = [d["tasks"]["0"]["state"] for d in docs if "0" in d.get("tasks", {})]
+    assert states[0] == "running" and states[-1] == "exited"
+    assert processes_of_run(run_id) == []

@@ -174,3 +174,35 @@ def test_a_nan_loss_does_not_agree_with_a_number():
     task.losses = [1.0] + task.losses
     good = with_losses([1.0, 0.5])[0]
     assert losses_agree([good, task]) is False
+
+
+def epoch_line(epoch: int, loss: float) -> str:
+    return json.dumps({"event": "epoch", "task": 0, "epoch": epoch, "loss": loss})
+
+
+def test_replaying_the_local_copy_then_reading_on_gives_what_one_reader_saw():
+    log = ("\n".join(["start", epoch_line(1, 2.0), epoch_line(2, 1.0), "tail without"]) +
+           " newline\n" + epoch_line(3, 0.5) + "\n").encode()
+    whole, _ = feed_in_pieces(log, [])
+    cut = log.index(b"tail without") + 4
+    again = TaskProgress(0, "h")
+    replayed = again.replay(log[:cut])
+    assert (again.offset, again.size) == (cut, cut)
+    assert replayed == ["start", epoch_line(1, 2.0), epoch_line(2, 1.0)]
+    _, rest = again.update(chunk(log[cut:], len(log), len(log), state="exited", code=0))
+    assert rest == ["tail without newline", epoch_line(3, 0.5)]
+    assert again.losses == whole.losses == [2.0, 1.0, 0.5] and again.epoch == 3
+
+
+def test_a_resumed_attempt_replaces_the_losses_after_its_backup():
+    task = TaskProgress(0, "h")
+    task.replay(("\n".join([epoch_line(1, 2.0), epoch_line(2, 1.0), epoch_line(3, 0.9)]) +
+                 "\n").encode())
+    task.state, task.code, task.first_step = "exited", 3, True
+    task.new_attempt()
+    assert (task.state, task.code, task.first_step, task.offset) == ("pending", None, False,
+                                                                      task.size)
+    more = "\n".join([json.dumps({"event": "resumed", "task": 0, "epoch": 2}),
+                      epoch_line(3, 0.7), ""]).encode()
+    task.update(chunk(more, task.offset + len(more), task.offset + len(more), state="running"))
+    assert task.losses == [2.0, 1.0, 0.7]

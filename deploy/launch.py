@@ -1,0 +1,104 @@
+"""`inv train`: a fresh run from inventory to started tasks, then followed to its end here
+(runner.py) or left running on its hosts (--detach) for any later shell to pick up.
+
+Order matters for "bad input changes nothing anywhere": everything that can be checked locally
+(inventory, payload, args) is checked before any host is touched, and once anything has been
+written to a host, every way out goes through teardown.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from .bundle import build_bundle
+from .checkrun import check_before_run
+from .inventory import Inventory
+from .planner import Options, plan_run
+from .plantext import plan_document
+from .records import FollowLock, record_document, write_record
+from .restarts import Restarter
+from .finish import Finish, finish
+from .runner import Run, RunSettings, follow_to_end, new_run_id, write_json
+from .session import Session
+from .view import say
+
+
+def train(inventory: Inventory, options: Options, settings: RunSettings,
+          console: Console) -> int:
+    run_id = new_run_id()
+    bundle = build_bundle(Path(options.payload), options.entry, run_id)
+    skeleton = plan_run(inventory, options, run_id)
+    local_dir = settings.runs_dir / run_id
+    count = len(skeleton.tasks)
+    console.print(f"run [bold]{run_id}[/]: {count} task(s) on {len(inventory.hosts)} host(s); "
+                  f"local records in {local_dir}", highlight=False)
+    with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
+        session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+    if settings.check:
+        check_before_run(session, inventory, console)   # closes the session when it fails
+    local_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    # Written before anything reaches a host: a controller lost from here on leaves a record
+    # from which `inv down` finds the run.
+    write_record(local_dir, record_document(skeleton, "starting", started,
+                                            restarts=settings.restarts))
+    run = Run(skeleton, session, local_dir, console)
+    # This controller writes the local logs; another one (inv logs --follow) must not too.
+    lock = FollowLock(local_dir)
+    lock.acquire()
+    how = Finish.DONE
+    detached = False
+    try:
+        with console.status(f"pushing payload ({len(bundle) / 1024:.0f} KiB) to "
+                            f"{len(inventory.hosts)} host(s)…"):
+            session.push(skeleton, bundle)
+            run.plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
+        write_json(local_dir / "plan.json", plan_document(run.plan))
+        write_record(local_dir, record_document(
+            run.plan, "starting", started, restarts=settings.restarts, attempt=1))
+        with console.status(f"starting {count} task(s)…"):
+            session.launch(run.plan)
+        console.print(f"started {count} task(s) in {time.time() - started:.1f} s; "
+                      "cluster " + ", ".join(t.endpoint for t in run.plan.tasks), highlight=False)
+        if settings.detach and _all_running(run):
+            detached = True
+            return _detach(run, settings)
+        run.set_state("running", controller_pid=os.getpid())
+        restarter = Restarter(inventory, options, settings.restarts) if settings.restarts else None
+        follow_to_end(run, settings, restarter)
+    except KeyboardInterrupt:
+        how = Finish.INTERRUPTED
+        say(console, "interrupted: stopping every task of the run…", "yellow")
+    finally:
+        try:
+            if not detached:
+                code = finish(run, how)
+        finally:
+            lock.release()
+    return code
+
+
+def _all_running(run: Run) -> bool:
+    """Whether every task is running on its host (a thorough check by the agents). A task that
+    already ended means the run is not one to leave alone: it is followed here instead."""
+    answers, errors = run.session.poll(run.plan, run.offsets())
+    return not errors and all(answers.get(t.index, {}).get("state") == "running"
+                              for t in run.plan.tasks)
+
+
+def _detach(run: Run, settings: RunSettings) -> int:
+    run.set_state("detached", controller_pid=None)
+    run.session.close()
+    run.close_logs()
+    rid, runs = run.plan.run_id, settings.runs_dir
+    flag = "" if runs == Path("runs") else f" --runs-dir {runs}"
+    run.console.print(f"run [bold]{rid}[/] is running detached on "
+                      f"{len(run.plan.hosts)} host(s); nothing was torn down.", highlight=False)
+    say(run.console, f"  follow it:  inv logs --run {rid} --follow{flag}\n"
+                     f"  its state:  inv status --run {rid}{flag}\n"
+                     f"  stop it:    inv down --run {rid}{flag}")
+    return 0
+

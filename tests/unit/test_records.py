@@ -1,0 +1,163 @@
+"""The local run record: a round trip back to the same plan, no environment value in it,
+finding a run by id, prefix or age, and the one-follower lock."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
+
+from deploy.planner import Options, plan_run
+from deploy.records import (HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of,
+                            list_records, load_record, plan_of, record_document, shown_state,
+                            update_record, write_record)
+
+PORTS = {0: 20000, 1: 20001, 2: 30000}
+PLAIN = "/data/set one"
+
+
+def lab_plan(run_id="20260101-000000-abcdef", ports=PORTS):
+    """The planner tests' lab inventory: two hosts, plain and secret env values."""
+    return plan_run(inventory_of("lab"), Options(entry="main.py", args=("--epochs", "5"),
+                                                 grace=1.5), run_id, ports)
+
+
+def recorded(tmp_path, plan, state="detached", started=None):
+    run_dir = tmp_path / plan.run_id
+    run_dir.mkdir(parents=True)
+    write_record(run_dir, record_document(plan, state, started or time.time()))
+    return run_dir
+
+
+def test_a_record_gives_back_the_same_plan(tmp_path):
+    plan = lab_plan()
+    again = plan_of(load_record(recorded(tmp_path, plan)))
+    assert again.run_id == plan.run_id and again.options == plan.options
+    assert [h.run_dir for h in again.hosts] == [h.run_dir for h in plan.hosts]
+    assert [h.host for h in again.hosts] == [
+        hp.host.__class__(**{**hp.host.__dict__, "env": {}}) for hp in plan.hosts]
+    assert set(plan.tasks[0].host.env) == {"DATASET", "API_KEY", "TOKEN"}
+    for mine, theirs in zip(again.tasks, plan.tasks):
+        assert (mine.index, mine.endpoint, mine.launch, mine.tf_config) == (
+            theirs.index, theirs.endpoint, theirs.launch, theirs.tf_config)
+        # Only tfdeploy's own variables: the host's env is not kept.
+        assert set(theirs.env) - set(mine.env) == set(theirs.host.env)
+        assert {k: v.value for k, v in mine.env.items()} == {
+            k: v.value for k, v in theirs.env.items() if k not in theirs.host.env}
+
+
+def test_no_environment_value_is_stored(tmp_path):
+    text = (recorded(tmp_path, lab_plan()) / RECORD_FILE).read_text()
+    for value in (SECRET_FROM_ENV, SECRET_IN_FILE, PLAIN, "***"):
+        assert value not in text
+    assert "env" not in json.loads(text)["hosts"][0]
+
+
+def test_connection_fields_survive(tmp_path):
+    doc = load_record(recorded(tmp_path, lab_plan()))
+    a, b = hosts_of(doc)
+    assert (a.user, a.python, a.workers, a.cluster_address, a.env) == (
+        "researcher", "~/venv/bin/python", 2, "10.1.2.3", {})
+    assert (b.address, b.port, b.workdir, b.user) == ("10.1.2.4", 2222, "/scratch/tf",
+                                                      "researcher")
+    assert set(doc["hosts"][0]) == {*HOST_FIELDS, "run_dir"}
+    assert [t["endpoint"] for t in doc["tasks"]] == ["10.1.2.3:20000", "10.1.2.3:20001",
+                                                      "10.1.2.4:30000"]
+
+
+def test_a_record_edited_out_of_shape_is_refused(tmp_path):
+    run_dir = recorded(tmp_path, lab_plan())
+    doc = load_record(run_dir)
+    doc["tasks"][2]["endpoint"] = "10.9.9.9:1"
+    write_record(run_dir, doc)
+    with pytest.raises(RecordError, match="do not match"):
+        plan_of(load_record(run_dir))
+    (run_dir / RECORD_FILE).write_text("{not json")
+    with pytest.raises(RecordError, match="unreadable run record"):
+        load_record(run_dir)
+
+
+def test_write_is_atomic_and_update_keeps_other_fields(tmp_path):
+    run_dir = recorded(tmp_path, lab_plan())
+    update_record(run_dir, state="finished", exit_code=3)
+    doc = load_record(run_dir)
+    assert (doc["state"], doc["exit_code"], len(doc["tasks"])) == ("finished", 3, 3)
+    assert sorted(p.name for p in run_dir.iterdir()) == [RECORD_FILE]   # no temp file left
+    assert shown_state(doc) == "finished (exit 3)"
+
+
+def test_find_run_by_id_prefix_or_newest(tmp_path):
+    old = recorded(tmp_path, lab_plan("20260101-000000-aaaaaa"), started=100.0)
+    new = recorded(tmp_path, lab_plan("20260102-000000-bbbbbb"), started=200.0)
+    (tmp_path / "not-a-run").mkdir()
+    assert [d["run_id"] for d in list_records(tmp_path)] == [old.name, new.name]
+    assert find_run(tmp_path, None) == new
+    assert find_run(tmp_path, old.name) == old
+    assert find_run(tmp_path, "20260101") == old
+    with pytest.raises(RecordError, match="ambiguous"):
+        find_run(tmp_path, "2026010")
+    with pytest.raises(RecordError, match="no run 'zzz'"):
+        find_run(tmp_path, "zzz")
+    with pytest.raises(RecordError, match="no runs recorded"):
+        find_run(tmp_path / "empty", None)
+
+
+def test_a_running_record_whose_controller_is_gone_says_so(tmp_path):
+    doc = load_record(recorded(tmp_path, lab_plan(), state="running"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    doc["controller_pid"] = int(dead.stdout)
+    assert shown_state(doc) == "running (no controller)"
+    doc["controller_pid"] = os.getppid()
+    assert shown_state(doc) == "running"
+
+
+def test_only_one_follower_holds_the_lock(tmp_path):
+    run_dir = recorded(tmp_path, lab_plan())
+    first, second = FollowLock(run_dir), FollowLock(run_dir)
+    assert first.acquire()
+    assert not second.acquire()
+    first.release()
+    assert second.acquire()
+    second.release()
+
+
+def test_the_runs_table_shows_each_state(tmp_path):
+    from rich.console import Console
+
+    from deploy.view import runs_table
+    docs = []
+    for n, (state, extra) in enumerate([("detached", {}), ("finished", {"exit_code": 3}),
+                                        ("down", {"attempt": 2})]):
+        run_dir = recorded(tmp_path, lab_plan(f"20260101-00000{n}-abcdef"), state=state,
+                           started=100.0 + n)
+        docs.append(update_record(run_dir, **extra))
+    console = Console(record=True, width=200)
+    console.print(runs_table(list_records(tmp_path), "runs"))
+    rows = [line for line in console.export_text().splitlines() if "20260101" in line]
+    assert [r.split("│")[1].strip() for r in rows] == [d["run_id"] for d in docs]
+    assert "detached" in rows[0] and "finished (exit 3)" in rows[1]
+    assert "down, attempt 2" in rows[2] and "a, b" in rows[2] and "│ 3 " in rows[2]
+
+
+def test_restarts_stop_when_used_up_or_when_a_stop_failed():
+    from rich.console import Console
+
+    from deploy.restarts import Restarter
+
+    class FakeRun:
+        console = Console(file=open(os.devnull, "w"))
+        attempt, problems = 1, []
+
+    restarter = Restarter(inventory=None, options=None, limit=1)
+    run = FakeRun()
+    assert restarter.may_restart(run)
+    run.problems = ["h2: processes of the run still alive after SIGKILL: 123"]
+    assert not restarter.may_restart(run)
+    run.problems, run.attempt = [], 2
+    assert not restarter.may_restart(run)
