@@ -22,6 +22,9 @@ Verbs (each prints one JSON document on stdout):
                                         until every task has ended and its log is read
     stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
+    want RUNDIR CACHE                   hashes of manifest.json missing from the file cache
+    receive RUNDIR CACHE                tar of those files on stdin: verify, cache, assemble
+                                        payload/ (both in tfdeploy_cache.py, beside this file)
 """
 import base64
 import json
@@ -287,6 +290,9 @@ def main(argv):
         out = stop(args[0], float(args[1]))
     elif verb == "cleanup":
         out = cleanup(args[0], float(args[1]))
+    elif verb in ("want", "receive"):
+        import tfdeploy_cache
+        out = tfdeploy_cache.main(verb, args)
     else:
         raise SystemExit("unknown verb %r" % verb)
     if out is not None and verb != "supervise":

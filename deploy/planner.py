@@ -12,6 +12,8 @@ from .inventory import EnvValue, Host, Inventory
 from .shell import join, quote, quote_path
 
 AGENT_FILE = "tfdeploy_agent.py"
+CACHE_FILE = "tfdeploy_cache.py"       # the agent's content-cache half (deploy/hostcache.py)
+MANIFEST_FILE = "manifest.json"
 PAYLOAD_DIR = "payload"
 OUTPUT_DIR = "output"
 # Ports probed beyond a host's own tasks, so that ports already given to another host that is
@@ -60,6 +62,7 @@ class HostPlan:
     host: Host
     run_dir: str
     push: RemoteCommand
+    receive: RemoteCommand
     ports: RemoteCommand
     tasks: tuple[TaskPlan, ...]
 
@@ -85,6 +88,11 @@ def endpoint(host: Host, port: int | None) -> str:
 
 def run_dir(host: Host, run_id: str) -> str:
     return f"{host.workdir}/runs/{run_id}"
+
+
+def cache_dir(host: Host) -> str:
+    """Content-addressed payload files; outside every run dir, kept between runs."""
+    return f"{host.workdir}/cache"
 
 
 def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, ...] = ()) -> str:
@@ -174,10 +182,13 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                 env=task_env(host, run_id, rundir, config, index, len(slots)),
                 launch=RemoteCommand(launch, stdin="environment as JSON")))
         quoted = quote_path(rundir)
+        want = host_agent(host, rundir, "want", cache_dir(host))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
-            push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted}",
-                               stdin="tar.gz of payload/, run.json and the agent"),
+            push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted} && {want}",
+                               stdin="tar.gz of run.json, the agent and the payload manifest"),
+            receive=RemoteCommand(host_agent(host, rundir, "receive", cache_dir(host)),
+                                  stdin="tar of the payload files the host lacks"),
             ports=RemoteCommand(host_agent(host, rundir, "ports", str(host.workers + SPARE_PORTS))),
             tasks=tuple(tasks)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

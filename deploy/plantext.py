@@ -20,6 +20,7 @@ def plan_document(plan: RunPlan) -> dict:
             "address": hp.host.address,
             "run_dir": hp.run_dir,
             "push": str(hp.push),
+            "receive": str(hp.receive),
             "ports": str(hp.ports),
             "tasks": [{
                 "task": t.name,
@@ -44,7 +45,7 @@ def plan_text(plan: RunPlan) -> str:
         where = "local subprocesses" if host.transport == "local" else (
             f"ssh {host.user + '@' if host.user else ''}{host.address}:{host.port}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
-                  f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
+                  f"  push:   {hp.push}", f"  send:   {hp.receive}", f"  ports:  {hp.ports}"]
         for t in hp.tasks:
             lines.append(f"  {t.name} at {t.endpoint}")
             lines.append(f"    launch: {t.launch}")

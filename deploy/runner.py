@@ -17,11 +17,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .bundle import build_bundle
 from .inventory import Inventory
 from .planner import Options, RunPlan, plan_run
 from .plantext import plan_document
 from .progress import TaskProgress, losses_agree
+from .push import PayloadPush
 from .follow import Followers
 from .session import Session, StepFailed
 from .view import LiveView, failure_panel, say, summary_table
@@ -125,7 +125,7 @@ class Run:
 def train(inventory: Inventory, options: Options, settings: RunSettings,
           console: Console) -> int:
     run_id = new_run_id()
-    bundle = build_bundle(Path(options.payload), options.entry, run_id)
+    payload = PayloadPush(Path(options.payload), options.entry, run_id)
     skeleton = plan_run(inventory, options, run_id)
     local_dir = settings.runs_dir / run_id
     count = len(skeleton.tasks)
@@ -139,9 +139,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     interrupted = False
     started = time.monotonic()
     try:
-        with console.status(f"pushing payload ({len(bundle) / 1024:.0f} KiB) to "
-                            f"{len(inventory.hosts)} host(s)…"):
-            session.push(skeleton, bundle)
+        _write_json(local_dir / "push.json", payload.send(session, skeleton, console))
+        with console.status("choosing ports…"):
             plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
         _write_json(local_dir / "plan.json", plan_document(plan))
         run = Run(plan, session, local_dir, console)

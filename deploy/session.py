@@ -64,9 +64,22 @@ class Session:
         return on_all(name, plans, lambda hp: hp.host.name,
                       lambda hp: step(hp, self.transports[hp.host.name]))
 
-    def push(self, plan: RunPlan, bundle: bytes) -> None:
-        self._all("pushing the payload", plan.hosts, lambda hp, t: checked(
-            t.run(hp.push.line, stdin=bundle, timeout=600), hp.host, "payload push"))
+    def push(self, plan: RunPlan, stage: bytes, content: Callable[[frozenset[str]], bytes],
+             on_missing: Callable[[dict[str, list[str]]], None] = lambda missing: None,
+             ) -> dict[str, dict]:
+        """Two steps on every host: the stage (identity, agent, manifest) answers which file
+        contents the host's cache lacks; then exactly those travel and the host assembles
+        payload/. Returns each host's answers: missing hashes, received, bytes, files."""
+        missing = self._all("pushing the payload", plan.hosts, lambda hp, t: agent_json(
+            t.run(hp.push.line, stdin=stage, timeout=120), hp.host, "payload push")["missing"])
+        on_missing(missing)
+
+        def send(hp: HostPlan, t: Transport) -> dict:
+            wanted = missing[hp.host.name]
+            answer = agent_json(t.run(hp.receive.line, stdin=content(frozenset(wanted)),
+                                      timeout=1800), hp.host, "sending payload files")
+            return {"missing": wanted, **answer}
+        return self._all("sending payload files", plan.hosts, send)
 
     def free_ports(self, plan: RunPlan) -> dict[int, int]:
         """A free port per task, distinct across the whole cluster: TensorFlow binds every

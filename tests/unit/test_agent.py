@@ -23,7 +23,7 @@ import pytest
 
 from procs import processes_of_run, wait_until_gone
 
-from deploy.bundle import build_bundle
+from deploy.push import PayloadPush
 from deploy.inventory import EnvValue, Inventory, parse_inventory
 from deploy.planner import (Options, cleanup_command, fetch_output_command, plan_run,
                             poll_command, stop_command)
@@ -293,8 +293,14 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     (task,) = hp.tasks
     transport = LocalTransport(host)
 
-    pushed = transport.run(hp.push.line, stdin=build_bundle(payload, "train.py", run_id))
+    push = PayloadPush(payload, "train.py", run_id)
+    pushed = transport.run(hp.push.line, stdin=push.stage)
     assert pushed.code == 0, pushed.stderr
+    missing = json.loads(pushed.stdout)["missing"]
+    assert missing == [f.sha256 for f in push.files]
+    sent = transport.run(hp.receive.line, stdin=push.content(frozenset(missing)))
+    assert sent.code == 0, sent.stderr
+    assert json.loads(sent.stdout)["received"] == missing
     rundir = Path(hp.run_dir)
     assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
 

@@ -167,7 +167,12 @@ def test_commands_name_the_run_dir_and_agent():
     plan = plan_of("lab")
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
-    assert b.push.line == f"mkdir -p {b.run_dir} && tar -xzf - -C {b.run_dir}"
+    agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
+    assert b.push.line == (f"mkdir -p {b.run_dir} && tar -xzf - -C {b.run_dir} && "
+                           f"{agent} want {b.run_dir} /scratch/tf/cache")
+    # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
+    assert b.receive.line == f"{agent} receive {b.run_dir} /scratch/tf/cache"
+    assert a.receive.line.endswith(" receive ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
     assert b.ports.line == (f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} ports {b.run_dir} 5")
     launch = plan.tasks[2].launch.line
     assert launch.startswith(f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} launch {b.run_dir} 2 "
