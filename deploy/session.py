@@ -70,12 +70,15 @@ class Session:
         """Two steps on every host: the stage (identity, agent, manifest) answers which file
         contents the host's cache lacks; then exactly those travel and the host assembles
         payload/. Returns each host's answers: missing hashes, received, bytes, files."""
-        missing = self._all("pushing the payload", plan.hosts, lambda hp, t: agent_json(
-            t.run(hp.push.line, stdin=stage, timeout=120), hp.host, "payload push")["missing"])
+        wants = self._all("pushing the payload", plan.hosts, lambda hp, t: agent_json(
+            t.run(hp.push.line, stdin=stage, timeout=120), hp.host, "payload push"))
+        missing = {name: answer["missing"] for name, answer in wants.items()}
         on_missing(missing)
 
         def send(hp: HostPlan, t: Transport) -> dict:
             wanted = missing[hp.host.name]
+            if wants[hp.host.name].get("assembled"):      # it had every file already
+                return {"received": [], "bytes": 0, **wants[hp.host.name]}
             answer = agent_json(t.run(hp.receive.line, stdin=content(frozenset(wanted)),
                                       timeout=1800), hp.host, "sending payload files")
             return {"missing": wanted, **answer}
