@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from deploy.bundle import BundleError
+from deploy.envsetup import requirements_hash, setup as setup_envs
 from deploy.inventory import InventoryError, load_inventory
 from deploy.lints import LintFailed, lint
 from deploy.parallel import HostsFailed
@@ -60,7 +61,8 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
     try:
         inventory = load_inventory(hosts)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
-                          grace=seconds("--grace", grace))
+                          grace=seconds("--grace", grace),
+                          requirements_sha256=requirements_hash(Path(payload)))
         problems = lint(inventory, Path(payload))
         if problems:
             raise LintFailed("\n".join(problems))
@@ -77,6 +79,38 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
         console.print(Text.assemble(("error: ", "bold red"), str(exc)))
         raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
     except KeyboardInterrupt:  # before anything was started; later ones are handled by the run
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={
+    "hosts": "inventory file (default: hosts.yaml)",
+    "payload": "directory whose requirements.txt is installed (default: payload/)",
+    "wheelhouse": "local directory of wheels, pushed and installed with pip --no-index "
+                  "(for hosts without internet)",
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
+                            "always refused)",
+})
+def setup(c, hosts="hosts.yaml", payload="payload", wheelhouse="", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Build the payload's virtual environment on every host (reused when unchanged).
+
+    Environments live in <workdir>/envs/<key>, keyed by requirements.txt and the host's python;
+    `inv train` runs tasks with it unless the inventory names the host's own `python`.
+    """
+    console = Console(highlight=False)
+    try:
+        code = setup_envs(load_inventory(hosts), Path(payload),
+                          Path(wheelhouse) if wheelhouse else None,
+                          seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
+                          console)
+    except EXPECTED_ERRORS as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+    except KeyboardInterrupt:
         console.print("interrupted", style="yellow")
         raise Exit(code=130)
     if code:

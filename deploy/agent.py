@@ -14,7 +14,9 @@ Layout of a run directory (<workdir>/runs/<run-id>/):
     worker-<i>.exit     {"code", "ended"}, written by the supervisor when the task ends
 
 Verbs (each prints one JSON document on stdout):
-    launch RUNDIR TASK CWD -- ARGV...   environment as JSON on stdin; starts task detached
+    launch RUNDIR TASK CWD [PY] -- ARGV...  environment as JSON on stdin; starts task
+                                        detached; ARGV[0] becomes PY if that exists (the env
+                                        of `inv setup`)
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
     ports RUNDIR COUNT                  free TCP ports, distinct from each other
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
@@ -66,8 +68,10 @@ def run_id_of(rundir):
     return doc["run_id"]
 
 
-def launch(rundir, task, cwd, argv):
+def launch(rundir, task, cwd, argv, prefer=None):
     doc = json.load(sys.stdin)
+    if prefer and os.path.isfile(os.path.expanduser(prefer)):
+        argv = [os.path.expanduser(prefer)] + argv[1:]
     env = dict(os.environ)
     for key, value in doc["env"].items():
         if key in PATH_VARS:
@@ -274,7 +278,8 @@ def main(argv):
     verb, args = argv[0], argv[1:]
     rest = args[args.index("--") + 1:] if "--" in args else []
     if verb == "launch":
-        out = launch(args[0], args[1], args[2], rest)
+        before = args[:args.index("--")] if "--" in args else args
+        out = launch(args[0], args[1], args[2], rest, before[3] if len(before) > 3 else None)
     elif verb == "supervise":
         out = supervise(args[0], args[1], rest)
     elif verb == "ports":
@@ -293,6 +298,9 @@ def main(argv):
     elif verb in ("want", "receive"):
         import tfdeploy_cache
         out = tfdeploy_cache.main(verb, args)
+    elif verb in ("envstatus", "setup"):
+        import tfdeploy_env
+        out = tfdeploy_env.main(verb, args)
     else:
         raise SystemExit("unknown verb %r" % verb)
     if out is not None and verb != "supervise":

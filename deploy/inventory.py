@@ -65,6 +65,7 @@ class Host:
     cluster_address: str = ""
     workers: int = 1
     env: Mapping[str, EnvValue] = field(default_factory=dict)
+    own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
 
     @property
     def tf_address(self) -> str:
@@ -243,6 +244,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
         cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
+        own_python="python" in raw,
     )
 
 

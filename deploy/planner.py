@@ -4,6 +4,7 @@ the tests compare it with golden files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Mapping
@@ -27,6 +28,8 @@ class Options:
     entry: str = "train.py"
     args: tuple[str, ...] = ()
     grace: float = 3.0
+    # sha256 of the payload's requirements.txt: tasks prefer the env `inv setup` built from it.
+    requirements_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class HostPlan:
     receive: RemoteCommand
     ports: RemoteCommand
     tasks: tuple[TaskPlan, ...]
+    env_python: str | None = None     # used when it exists on the host, else host.python
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,20 @@ def run_dir(host: Host, run_id: str) -> str:
 def cache_dir(host: Host) -> str:
     """Content-addressed payload files; outside every run dir, kept between runs."""
     return f"{host.workdir}/cache"
+
+
+def env_dir(host: Host, requirements_sha256: str) -> str:
+    """Where `inv setup` builds the host's environment for one requirements.txt."""
+    key = hashlib.sha256(f"{requirements_sha256}\0{host.python}".encode()).hexdigest()[:16]
+    return f"{host.workdir}/envs/{key}"
+
+
+def env_python(host: Host, requirements_sha256: str | None) -> str | None:
+    """The interpreter tasks prefer: the setup environment's, unless the inventory names the
+    host's own `python` (or the payload has no requirements.txt)."""
+    if host.own_python or not requirements_sha256:
+        return None
+    return f"{env_dir(host, requirements_sha256)}/bin/python"
 
 
 def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, ...] = ()) -> str:
@@ -169,6 +187,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
     host_plans = []
     for host in inventory.hosts:
         rundir = run_dir(host, run_id)
+        envpy = env_python(host, options.requirements_sha256)
         tasks = []
         for _ in range(host.workers):
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
@@ -176,7 +195,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             argv = (quote_path(host.python), quote(options.entry),
                     *(quote(a) for a in options.args))
             launch = host_agent(host, rundir, "launch", str(index), f"{rundir}/{PAYLOAD_DIR}",
-                                tail=argv)
+                                *([envpy] if envpy else []), tail=argv)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index), tf_config=config,
                 env=task_env(host, run_id, rundir, config, index, len(slots)),
@@ -190,5 +209,5 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             receive=RemoteCommand(host_agent(host, rundir, "receive", cache_dir(host)),
                                   stdin="tar of the payload files the host lacks"),
             ports=RemoteCommand(host_agent(host, rundir, "ports", str(host.workers + SPARE_PORTS))),
-            tasks=tuple(tasks)))
+            tasks=tuple(tasks), env_python=envpy))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

@@ -19,6 +19,7 @@ def plan_document(plan: RunPlan) -> dict:
             "transport": hp.host.transport,
             "address": hp.host.address,
             "run_dir": hp.run_dir,
+            **({"env_python": hp.env_python} if hp.env_python else {}),
             "push": str(hp.push),
             "receive": str(hp.receive),
             "ports": str(hp.ports),
@@ -46,6 +47,8 @@ def plan_text(plan: RunPlan) -> str:
             f"ssh {host.user + '@' if host.user else ''}{host.address}:{host.port}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
                   f"  push:   {hp.push}", f"  send:   {hp.receive}", f"  ports:  {hp.ports}"]
+        if hp.env_python:
+            lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
         for t in hp.tasks:
             lines.append(f"  {t.name} at {t.endpoint}")
             lines.append(f"    launch: {t.launch}")

@@ -122,6 +122,22 @@ def test_launch_records_exit_code_and_log(rundir, run_id):
     assert wait_until_gone(run_id, 5) == []       # the supervisor exits right after the task
 
 
+@pytest.mark.parametrize("exists", [True, False])
+def test_launch_prefers_the_setup_env_python_when_it_exists(rundir, tmp_path, exists):
+    """`inv setup`'s interpreter replaces ARGV[0] when present; else the host's python runs."""
+    envpy = tmp_path / "envs" / "k" / "bin" / "python"
+    if exists:
+        envpy.parent.mkdir(parents=True)
+        envpy.symlink_to(sys.executable)
+    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name}}
+    agent("launch", str(rundir), "0", str(rundir), str(envpy), "--", sys.executable, "-c",
+          "import sys; print(sys.executable)", stdin=json.dumps(doc))
+    status = poll_until_ended(rundir, 0)
+    assert status["code"] == 0
+    ran = base64.b64decode(status["data"]).decode().strip()
+    assert ran == (str(envpy) if exists else sys.executable)
+
+
 def test_launch_passes_the_environment_from_stdin_and_runs_in_cwd(rundir):
     hostile = "a b 'c' \"d\" $(touch x) `id` ;\nnaïve"
     launch(rundir, 0, "/bin/sh", "-c", 'printf "%s|%s|%s" "$GREETING" "$TFDEPLOY_RUN_ID" "$PWD"',

@@ -92,7 +92,8 @@ def test_no_stale_golden_files():
 
 def test_local_case_is_the_repo_default_with_python_pinned():
     default = load_inventory(REPO / "hosts.yaml", environ={})
-    pinned = [dataclasses.replace(h, python="/opt/venv/bin/python") for h in default.hosts]
+    pinned = [dataclasses.replace(h, python="/opt/venv/bin/python", own_python=True)
+              for h in default.hosts]
     assert list(inventory_of("local").hosts) == pinned
 
 
