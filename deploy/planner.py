@@ -50,6 +50,7 @@ class TaskPlan:
     tf_config: Mapping
     env: Mapping[str, EnvValue]
     launch: RemoteCommand
+    gpus: str | None = None          # "1": CUDA_VISIBLE_DEVICES=1; "all": every GPU; None
 
     @property
     def name(self) -> str:
@@ -160,8 +161,15 @@ def tf_config(cluster: list[str], index: int) -> dict:
     return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
 
 
+def task_gpus(host: Host, slot: int) -> str | None:
+    """The GPUs of the host's `slot`-th task: one listed GPU each, or all of them."""
+    if isinstance(host.gpus, tuple):
+        return str(host.gpus[slot])
+    return host.gpus
+
+
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
-             count: int) -> dict[str, EnvValue]:
+             count: int, gpus: str | None = None) -> dict[str, EnvValue]:
     env = {
         "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
         # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
@@ -173,6 +181,8 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
         "TFDEPLOY_OUTPUT_DIR": EnvValue(f"{rundir}/{OUTPUT_DIR}"),
     }
+    if gpus is not None and gpus != "all":
+        env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
     env.update(host.env)
     return env
 
@@ -189,8 +199,9 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
         rundir = run_dir(host, run_id)
         envpy = env_python(host, options.requirements_sha256)
         tasks = []
-        for _ in range(host.workers):
+        for slot in range(host.workers):
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
+            gpus = task_gpus(host, slot)
             config = tf_config(cluster, index)
             argv = (quote_path(host.python), quote(options.entry),
                     *(quote(a) for a in options.args))
@@ -198,8 +209,8 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                                 *([envpy] if envpy else []), tail=argv)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index), tf_config=config,
-                env=task_env(host, run_id, rundir, config, index, len(slots)),
-                launch=RemoteCommand(launch, stdin="environment as JSON")))
+                env=task_env(host, run_id, rundir, config, index, len(slots), gpus),
+                launch=RemoteCommand(launch, stdin="environment as JSON"), gpus=gpus))
         quoted = quote_path(rundir)
         want = host_agent(host, rundir, "want", cache_dir(host))
         host_plans.append(HostPlan(

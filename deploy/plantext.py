@@ -26,6 +26,7 @@ def plan_document(plan: RunPlan) -> dict:
             "tasks": [{
                 "task": t.name,
                 "endpoint": t.endpoint,
+                **({"gpus": t.gpus} if t.gpus else {}),
                 "tf_config": t.tf_config,
                 "env": {k: v.shown() for k, v in t.env.items()},
                 "launch": str(t.launch),
@@ -50,7 +51,8 @@ def plan_text(plan: RunPlan) -> str:
         if hp.env_python:
             lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
         for t in hp.tasks:
-            lines.append(f"  {t.name} at {t.endpoint}")
+            gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
+            lines.append(f"  {t.name} at {t.endpoint}{gpus}")
             lines.append(f"    launch: {t.launch}")
             for key, value in t.env.items():
                 lines.append(f"    env {key}={value.shown()}")
