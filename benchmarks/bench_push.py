@@ -3,7 +3,8 @@
 A payload of FILES files of random bytes (default 1,000 files, 100 MB) is pushed three ways,
 each by both sides, alternating: a first push (empty host caches / empty rsync targets), a
 push with nothing changed, and a push after one file changed. Our side is what `inv train`
-does before it starts tasks: connect, hash the payload, ask each host what it lacks, send only
+does before it starts tasks: connect, hash the payload (files unchanged since the last push
+by their stat are not read again, as rsync does not read them), ask each host what it lacks, send only
 that, assemble payload/ on every host; it is timed from before the SSH connections to the end
 of the push. rsync runs as four `rsync -a -e "ssh ..."` processes in parallel, one per host,
 strict about host keys as we are. Prints each time, the medians and the ratios ours / rsync.
@@ -49,12 +50,12 @@ def make_payload(root: Path, files: int, total: int) -> None:
         (root / "data" / f"part-{i:04d}.bin").write_bytes(os.urandom(size))
 
 
-def ours(inventory: Path, payload: Path) -> float:
+def ours(inventory: Path, payload: Path, hashes: Path) -> float:
     quiet = Console(file=open(os.devnull, "w"))
     started = time.monotonic()
     inv = load_inventory(str(inventory))
     run_id = new_run_id()
-    push = PayloadPush(payload, "train.py", run_id)
+    push = PayloadPush(payload, "train.py", run_id, hash_cache=hashes)   # as inv train does
     plan = plan_run(inv, Options(payload=str(payload)), run_id)
     session = Session.open(inv, 10.0, False)
     try:
@@ -82,8 +83,10 @@ def rsync(lab: SshLab, payload: Path) -> float:
     return time.monotonic() - started
 
 
-def reset(lab: SshLab) -> None:
-    """Empty host caches and rsync targets: the next push is a first push for both."""
+def reset(lab: SshLab, hashes: Path) -> None:
+    """Empty host caches, rsync targets and our remembered hashes: the next push is a first
+    push for both sides, reading every file."""
+    hashes.unlink(missing_ok=True)
     for host in lab.hosts:
         host.workdir.mkdir(parents=True, exist_ok=True)
         for name in ("cache", "rsync-target"):
@@ -106,11 +109,12 @@ def main() -> None:
         lab.start(HOSTS)
         inventory = lab.write_inventory(Path(tmp) / "hosts.yaml", lab.hosts)
         payload = Path(tmp) / "payload"
+        hashes = Path(tmp) / "payload-hashes.json"
         make_payload(payload, opts.files, opts.megabytes * 1_000_000)
         print(f"payload: {opts.files} files, {opts.megabytes} MB of random bytes; "
               f"{HOSTS} sshd hosts on loopback; {opts.repeats} repeats, alternating")
         for repeat in range(opts.repeats):
-            reset(lab)
+            reset(lab, hashes)
             for case in CASES:
                 if case == "one file changed":
                     victim = payload / "data" / f"part-{repeat:04d}.bin"
@@ -118,7 +122,7 @@ def main() -> None:
                 # Alternate which side goes first, so caches warmed by one do not favour it.
                 order = ("ours", "rsync") if repeat % 2 == 0 else ("rsync", "ours")
                 for side in order:
-                    elapsed = ours(inventory, payload) if side == "ours" else rsync(lab, payload)
+                    elapsed = ours(inventory, payload, hashes) if side == "ours" else rsync(lab, payload)
                     times[(case, side)].append(elapsed)
         for case in CASES:
             o, r = times[(case, "ours")], times[(case, "rsync")]

@@ -7,7 +7,6 @@ caches them, then assembles payload/ from its cache (deploy/hostcache.py).
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -15,13 +14,13 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hostcache import END, MAGIC
+from .hashcache import HashCache
+from .hostcache import END, INLINE_DIR, MAGIC
 from .ignore import IgnoreRules
 from .planner import AGENT_FILE, CACHE_FILE, MANIFEST_FILE
 
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
 CACHE_SOURCE = Path(__file__).with_name("hostcache.py")
-CHUNK = 1 << 20
 
 
 class BundleError(ValueError):
@@ -61,25 +60,22 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def file_entry(payload: Path, rel: Path) -> FileEntry:
-    digest = hashlib.sha256()
-    path = payload / rel
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    stat = path.stat()
-    return FileEntry(rel.as_posix(), digest.hexdigest(), 0o755 if stat.st_mode & 0o100 else 0o644,
+def file_entry(payload: Path, rel: Path, hashes: HashCache) -> FileEntry:
+    digest, stat = hashes.sha256(payload / rel)
+    return FileEntry(rel.as_posix(), digest, 0o755 if stat.st_mode & 0o100 else 0o644,
                      stat.st_size)
 
 
-def manifest(payload: Path, entry: str) -> tuple[FileEntry, ...]:
+def manifest(payload: Path, entry: str, hashes: HashCache | None = None,
+             ) -> tuple[FileEntry, ...]:
     """Every file that travels, with its content hash. Checks the payload and the entry."""
+    hashes = hashes or HashCache()
     if not payload.is_dir():
         raise BundleError(f"payload directory {payload} does not exist")
     entry_path = payload / entry
     if not _inside(entry_path.resolve(), payload.resolve()) or not entry_path.is_file():
         raise BundleError(f"entry script {entry!r} not found in payload {payload}")
-    files = tuple(file_entry(payload, rel) for rel in payload_files(payload))
+    files = tuple(file_entry(payload, rel, hashes) for rel in payload_files(payload))
     if not any((payload / f.path).resolve() == entry_path.resolve() for f in files):
         raise BundleError(f"entry script {entry!r} is excluded by "
                           f"{payload / '.tfdeployignore'}")
@@ -90,14 +86,18 @@ def manifest_document(files: tuple[FileEntry, ...]) -> dict:
     return {"files": [[f.path, f.sha256, f.mode, f.size] for f in files]}
 
 
-def stage_tar(run_id: str, files: tuple[FileEntry, ...]) -> bytes:
-    """run.json, the agent (and its cache helper) and the manifest, as a small tar.gz."""
+def stage_tar(run_id: str, files: tuple[FileEntry, ...], riders: list[FileEntry] = (),
+              payload: Path | None = None) -> bytes:
+    """run.json, the agent (and its cache helper), the manifest and the content of `riders`
+    (as inline/<sha256>, taken from `payload`), as a small tar.gz."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         _add_bytes(tar, "run.json", json.dumps({"run_id": run_id}).encode())
         _add_bytes(tar, MANIFEST_FILE, json.dumps(manifest_document(files)).encode())
         tar.add(AGENT_SOURCE, arcname=AGENT_FILE)
         tar.add(CACHE_SOURCE, arcname=CACHE_FILE)
+        for f in riders:
+            _add_bytes(tar, f"{INLINE_DIR}/{f.sha256}", (payload / f.path).read_bytes())
     return buf.getvalue()
 
 

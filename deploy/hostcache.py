@@ -27,6 +27,7 @@ CHUNK = 1 << 20
 # transfer itself, and END tells a complete stream from a cut one.
 MAGIC = b"tfdeploy-files 1\n"
 END = b"end\n"
+INLINE_DIR = "inline"       # <rundir>/inline/<sha256>: small files sent with the manifest
 
 
 class CacheError(Exception):
@@ -52,10 +53,34 @@ def want(rundir, cache):
     """The hashes of the manifest that the cache does not hold yet. When it holds them all,
     payload/ is assembled right away, saving the controller a round trip."""
     files = read_manifest(rundir)
+    received = take_inline(rundir, cache, {d for _, d, _, _ in files})
     missing = sorted({d for _, d, _, _ in files if not os.path.isfile(cached(cache, d))})
     if not missing:
-        return {"missing": [], "files": assemble(rundir, cache, files), "assembled": True}
-    return {"missing": missing, "files": len(files)}
+        return {"missing": [], "received": received, "files": assemble(rundir, cache, files),
+                "assembled": True}
+    return {"missing": missing, "received": received, "files": len(files)}
+
+
+def take_inline(rundir, cache, expected):
+    """Cache the files that came with the manifest (after checking their hashes)."""
+    inline = os.path.join(rundir, INLINE_DIR)
+    if not os.path.isdir(inline):
+        return []
+    os.makedirs(os.path.join(cache, "tmp"), exist_ok=True)
+    os.makedirs(os.path.join(cache, "files"), exist_ok=True)
+    taken = []
+    for digest in sorted(os.listdir(inline)):
+        if digest not in expected:
+            raise CacheError("unexpected inline file %r" % digest)
+        path = os.path.join(inline, digest)
+        if not os.path.isfile(cached(cache, digest)):
+            with open(path, "rb") as source:
+                _store(cache, os.path.join(cache, "tmp"), digest, source,
+                       os.path.getsize(path))
+            taken.append(digest)
+        os.unlink(path)
+    os.rmdir(inline)
+    return taken
 
 
 def receive(rundir, cache, stream):

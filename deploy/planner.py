@@ -218,7 +218,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted} && {want}",
                                stdin="tar.gz of run.json, the agent and the payload manifest"),
             receive=RemoteCommand(host_agent(host, rundir, "receive", cache_dir(host)),
-                                  stdin="tar of the payload files the host lacks"),
+                                  stdin="the payload files the host lacks, each headed by its sha256"),
             ports=RemoteCommand(host_agent(host, rundir, "ports", str(host.workers + SPARE_PORTS))),
             tasks=tuple(tasks), env_python=envpy))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

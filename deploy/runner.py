@@ -125,7 +125,8 @@ class Run:
 def train(inventory: Inventory, options: Options, settings: RunSettings,
           console: Console) -> int:
     run_id = new_run_id()
-    payload = PayloadPush(Path(options.payload), options.entry, run_id)
+    payload = PayloadPush(Path(options.payload), options.entry, run_id,
+                          hash_cache=settings.runs_dir / "payload-hashes.json")
     skeleton = plan_run(inventory, options, run_id)
     local_dir = settings.runs_dir / run_id
     count = len(skeleton.tasks)

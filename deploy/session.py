@@ -65,23 +65,24 @@ class Session:
                       lambda hp: step(hp, self.transports[hp.host.name]))
 
     def push(self, plan: RunPlan, stage: bytes, content: Callable[[frozenset[str]], bytes],
-             on_missing: Callable[[dict[str, list[str]]], None] = lambda missing: None,
+             on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
              ) -> dict[str, dict]:
-        """Two steps on every host: the stage (identity, agent, manifest) answers which file
-        contents the host's cache lacks; then exactly those travel and the host assembles
-        payload/. Returns each host's answers: missing hashes, received, bytes, files."""
+        """Two steps on every host: the stage (identity, agent, manifest, small recent files)
+        answers which file contents the host's cache still lacks; then exactly those travel and
+        the host assembles payload/ (a host that lacks nothing has done so in the first step).
+        Returns each host's record: missing hashes, received (both steps), files."""
         wants = self._all("pushing the payload", plan.hosts, lambda hp, t: agent_json(
             t.run(hp.push.line, stdin=stage, timeout=120), hp.host, "payload push"))
-        missing = {name: answer["missing"] for name, answer in wants.items()}
-        on_missing(missing)
+        on_answers(wants)
 
         def send(hp: HostPlan, t: Transport) -> dict:
-            wanted = missing[hp.host.name]
-            if wants[hp.host.name].get("assembled"):      # it had every file already
-                return {"received": [], "bytes": 0, **wants[hp.host.name]}
-            answer = agent_json(t.run(hp.receive.line, stdin=content(frozenset(wanted)),
+            want = wants[hp.host.name]
+            if want.get("assembled"):
+                return want
+            answer = agent_json(t.run(hp.receive.line, stdin=content(frozenset(want["missing"])),
                                       timeout=1800), hp.host, "sending payload files")
-            return {"missing": wanted, **answer}
+            return {**answer, "missing": want["missing"],
+                    "received": want["received"] + answer["received"]}
         return self._all("sending payload files", plan.hosts, send)
 
     def free_ports(self, plan: RunPlan) -> dict[int, int]:

@@ -25,10 +25,10 @@ def inv(*args: str) -> subprocess.CompletedProcess:
 
 
 def train(inventory: Path, payload: Path, runs: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    before = set(runs.iterdir()) if runs.exists() else set()
+    before = set(runs.iterdir()) if runs.exists() else set()   # run dirs (and the hash memory)
     done = inv("train", "--hosts", str(inventory), "--payload", str(payload),
                "--runs-dir", str(runs), "--args", TINY)
-    (run_dir,) = set(runs.iterdir()) - before
+    (run_dir,) = {p for p in runs.iterdir() if p.is_dir()} - before
     assert wait_until_gone(run_dir.name, timeout=5) == []
     return done, json.loads((run_dir / "push.json").read_text())
 
@@ -52,10 +52,13 @@ def test_a_one_file_change_sends_exactly_one_file(ssh_lab, tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     names = sorted([".tfdeployignore", "notes.txt", "requirements.txt", "train.py"])
     assert pushed["files"] == len(names)
+    contents = {hashlib.sha256((payload / n).read_bytes()).hexdigest() for n in names}
     for host in hosts:
         answer = pushed["hosts"][host.name]
-        assert len(answer["missing"]) == len(names)            # a fresh host lacks everything
-        assert sorted(answer["received"]) == answer["missing"] and answer["files"] == len(names)
+        # A fresh host lacks everything; these small new files all rode along with the
+        # manifest, so nothing was left missing for a second step.
+        assert sorted(answer["received"]) == sorted(contents) and answer["missing"] == []
+        assert answer["files"] == len(names)
     assert f"payload: {len(names)} of {len(names)} file(s) changed" in first.stdout
 
     (payload / "notes.txt").write_text("version 2\n")
@@ -64,8 +67,7 @@ def test_a_one_file_change_sends_exactly_one_file(ssh_lab, tmp_path):
     changed = hashlib.sha256(b"version 2\n").hexdigest()
     for host in hosts:
         answer = pushed["hosts"][host.name]
-        assert answer["missing"] == [changed] and answer["received"] == [changed]
-        assert answer["bytes"] == len("version 2\n")
+        assert answer["received"] == [changed] and answer["missing"] == []
         # Teardown removed the run dirs but kept the cache: 4 + 1 contents, the ignored file
         # never reached the host.
         work = workdirs[host.name]
@@ -77,3 +79,21 @@ def test_a_one_file_change_sends_exactly_one_file(ssh_lab, tmp_path):
     for done in (first, second):
         summary_epochs = [line for line in done.stdout.splitlines() if '"event": "epoch"' in line]
         assert len(summary_epochs) == 2                   # one epoch on each of the two workers
+
+
+def test_files_too_big_to_ride_along_travel_in_the_second_step(ssh_lab, tmp_path):
+    hosts = ssh_lab.hosts[:2]
+    inventory = ssh_lab.write_inventory(
+        tmp_path / "lab.yaml", hosts,
+        per_host={h.name: {"workdir": str(tmp_path / f"work-{h.name}")} for h in hosts})
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "train.py").write_text("print('ok')\n")
+    (payload / "weights.bin").write_bytes(bytes(range(256)) * 8192)        # 2 MiB
+    big = hashlib.sha256((payload / "weights.bin").read_bytes()).hexdigest()
+    done, pushed = train(inventory, payload, tmp_path / "runs")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for host in hosts:
+        answer = pushed["hosts"][host.name]
+        assert answer["missing"] == [big] and big in answer["received"]
+        assert answer["bytes"] == 2 * 1024 * 1024

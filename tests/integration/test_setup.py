@@ -99,7 +99,7 @@ def test_setup_builds_reuses_and_rebuilds_on_change(setup_lab, tmp_path):
     trained = inv("train", "--hosts", str(inventory), "--payload", str(payload),
                   "--runs-dir", str(runs), "--start-timeout", "0")
     assert trained.returncode == 0, trained.stdout + trained.stderr
-    (run_dir,) = list(runs.iterdir())
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
     for i, name in enumerate(workdirs):
         log = (run_dir / f"worker-{i}.log").read_text()
         assert f"ran with {built[name]}/bin/python tinypkg 1.0" in log, log

@@ -67,7 +67,7 @@ def test_first_push_sends_each_content_once_and_assembles_the_payload(tmp_path, 
 def test_second_push_after_a_one_file_change_sends_exactly_that_file(tmp_path, payload):
     push(tmp_path, payload, "r1")
     rundir, wanted, got = push(tmp_path, payload, "r2")
-    assert wanted == {"missing": [], "files": 4, "assembled": True}
+    assert wanted == {"missing": [], "received": [], "files": 4, "assembled": True}
     assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 1\n"
     (payload / "pkg" / "a.py").write_text("A = 2\n")
     rundir, wanted, got = push(tmp_path, payload, "r3")
@@ -144,3 +144,28 @@ def test_the_agent_runs_want_and_receive_from_the_run_dir(tmp_path, payload):
     bad = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
                          input=b"")
     assert bad.returncode != 0 and b"payload receive:" in bad.stderr
+
+
+def test_files_riding_with_the_manifest_are_verified_cached_and_spare_a_round_trip(tmp_path,
+                                                                                    payload):
+    push(tmp_path, payload, "r1")
+    (payload / "pkg" / "a.py").write_text("A = 3\n")
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, "r2")
+    changed = next(f for f in files if f.path == "pkg/a.py")
+    (rundir / "inline").mkdir()
+    (rundir / "inline" / changed.sha256).write_bytes(b"A = 3\n")
+    wanted = hostcache.want(str(rundir), str(cache))
+    assert wanted == {"missing": [], "received": [changed.sha256], "files": 4, "assembled": True}
+    assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 3\n"
+    assert not (rundir / "inline").exists()
+
+
+def test_a_rider_with_the_wrong_content_is_refused(tmp_path, payload):
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, "r1")
+    (rundir / "inline").mkdir()
+    (rundir / "inline" / files[0].sha256).write_bytes(b"x" * files[0].size)
+    with pytest.raises(hostcache.CacheError, match="arrived with hash"):
+        hostcache.want(str(rundir), str(cache))
+    assert list((cache / "files").iterdir()) == [] and not (rundir / "payload").exists()
