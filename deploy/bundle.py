@@ -76,7 +76,9 @@ def manifest(payload: Path, entry: str, hashes: HashCache | None = None,
     if not _inside(entry_path.resolve(), payload.resolve()) or not entry_path.is_file():
         raise BundleError(f"entry script {entry!r} not found in payload {payload}")
     files = tuple(file_entry(payload, rel, hashes) for rel in payload_files(payload))
-    if not any((payload / f.path).resolve() == entry_path.resolve() for f in files):
+    entry_rel = os.path.normpath(entry)
+    if not any(f.path == entry_rel for f in files) and not any(
+            (payload / f.path).resolve() == entry_path.resolve() for f in files):
         raise BundleError(f"entry script {entry!r} is excluded by "
                           f"{payload / '.tfdeployignore'}")
     return files

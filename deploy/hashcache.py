@@ -28,7 +28,7 @@ class HashCache:
         self.path = path
         self.known: dict[str, list] = {}
         self.seen: dict[str, list] = {}
-        self.changed: set[Path] = set()      # files read this time: new or changed
+        self.changed: set[str] = set()       # abspaths of files read this time: new or changed
         if path is not None:
             try:
                 doc = json.loads(path.read_text())
@@ -38,14 +38,15 @@ class HashCache:
 
     def sha256(self, path: Path) -> tuple[str, os.stat_result]:
         st = path.stat()
-        key = str(path.resolve())
+        key = os.path.abspath(path)      # not resolve(): a realpath per file costs more than
+                                         # the stat, and the key only has to be stable
         signature = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         hit = self.known.get(key)
         if isinstance(hit, list) and hit[:4] == signature:
             self.seen[key] = hit
             return hit[4], st
         digest = file_sha256(path)
-        self.changed.add(path.resolve())
+        self.changed.add(key)
         if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
             self.seen[key] = [*signature, digest]
         return digest, st

@@ -140,12 +140,16 @@ def assemble(rundir, cache, files):
     if os.path.exists(final):
         raise CacheError("%s exists already" % final)
     tmp = tempfile.mkdtemp(prefix=".payload-", dir=rundir)
+    made = {tmp}
     try:
         for path, digest, mode, size in files:
             source, dest = cached(cache, digest), os.path.join(tmp, *path.split("/"))
             if os.path.getsize(source) != size:
                 raise CacheError("cached %s has the wrong size" % digest)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            parent = os.path.dirname(dest)
+            if parent not in made:
+                os.makedirs(parent, exist_ok=True)
+                made.add(parent)
             if mode == 0o644 and _link(source, dest):
                 continue
             shutil.copyfile(source, dest)

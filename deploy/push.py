@@ -2,6 +2,7 @@
 it lacks, send each host only that, say what travelled."""
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class PayloadPush:
         self._tars: dict[frozenset[str], bytes] = {}
         self._lock = threading.Lock()
 
-    def riders(self, changed: set[Path]) -> list[FileEntry]:
+    def riders(self, changed: set[str]) -> list[FileEntry]:
         """Files changed since the last push (their hash was not remembered), smallest first,
         up to INLINE_BYTES: they ride along with the manifest, so that the usual edit of a few
         small files costs one round trip instead of two. A host that has them already just
@@ -46,7 +47,7 @@ class PayloadPush:
         for f in sorted(self.files, key=lambda f: f.size):
             if f.size > budget:
                 break
-            if (self.payload / f.path).resolve() in changed and f.sha256 not in taken:
+            if os.path.abspath(self.payload / f.path) in changed and f.sha256 not in taken:
                 riders.append(f)
                 taken.add(f.sha256)
                 budget -= f.size

@@ -73,7 +73,7 @@ def test_a_broken_store_is_ignored_and_files_gone_drop_out(tmp_path, settled):
     again = HashCache(store)
     again.sha256(a)
     again.save()
-    assert list(HashCache(store).known) == [str(a.resolve())]
+    assert list(HashCache(store).known) == [str(a)]
 
 
 def test_only_changed_small_files_ride_along_with_the_manifest(tmp_path, settled, monkeypatch):
