@@ -108,6 +108,12 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
         problems = _cleanup(session, plan)
         session.close()
     console.print(versions_table(plan, progress))
+    states = [p.state for p in progress.values()]
+    counts = ", ".join(f"{states.count(k)} {k}" for k in ("reused", "built", "failed")
+                       if states.count(k))
+    console.print(f"setup: {counts} of {len(states)} host(s)"
+                  + (" (an unchanged requirements.txt reuses its environment: no pip)"
+                     if states.count("reused") == len(states) else ""), highlight=False)
     failed = [p for p in progress.values() if p.state == "failed"]
     for p in failed:
         say(console, f"{p.name}: {p.line}", "bold red")

@@ -77,6 +77,7 @@ def test_setup_builds_reuses_and_rebuilds_on_change(setup_lab, tmp_path):
     first = inv(*args)
     assert first.returncode == 0, first.stdout + first.stderr
     assert first.stdout.count("built") >= 2, first.stdout
+    assert "setup: 2 built of 2 host(s)" in first.stdout
     assert "python" in first.stdout and "tensorflow" in first.stdout       # the versions table
     built = {}
     for name, work in workdirs.items():
@@ -89,6 +90,7 @@ def test_setup_builds_reuses_and_rebuilds_on_change(setup_lab, tmp_path):
     again = inv(*args)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("reused") >= 2 and "built" not in again.stdout, again.stdout
+    assert "setup: 2 reused of 2 host(s)" in again.stdout
     for name, work in workdirs.items():
         assert envs(work) == [built[name]]
     # No wheelhouse push and no pip when every host already has the environment.
