@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from invoke import Exit, task
@@ -10,12 +11,13 @@ from rich.text import Text
 
 from deploy.bundle import BundleError
 from deploy.checkrun import ChecksFailed, check_hosts, report_view
-from deploy.inventory import InventoryError, load_inventory
+from deploy.envsetup import requirements_hash, setup as setup_envs
+from deploy.inventory import Inventory, InventoryError, load_inventory
+from deploy.launch import train as run_training
 from deploy.lints import LintFailed, lint
 from deploy.parallel import HostsFailed
 from deploy.planner import Options, plan_run
 from deploy.plantext import plan_text
-from deploy.launch import train as run_training
 from deploy.reattach import down as stop_run, list_runs, logs as show_logs, status as show_status
 from deploy.records import RecordError
 from deploy.runner import RunSettings, new_run_id
@@ -28,6 +30,31 @@ EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFai
 
 BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
 
+SSH_HELP = {
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
+                            "always refused)",
+}
+
+
+@contextmanager
+def reported(console: Console):
+    """Expected errors as one red line; exit status 2 for bad input (nothing was touched),
+    1 for a failure, 130 for Ctrl-C before a run had started (later ones the run handles)."""
+    try:
+        yield
+    except EXPECTED_ERRORS as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+    except KeyboardInterrupt:
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
+
+
+def exit_with(code: int | None) -> None:
+    if code:
+        raise Exit(code=code)
+
 
 def seconds(flag: str, value: str) -> float:
     try:
@@ -39,6 +66,20 @@ def seconds(flag: str, value: str) -> float:
     return number
 
 
+def count(flag: str, value: str) -> int:
+    if not str(value).isdigit():
+        raise ValueError(f"{flag} takes a whole number, not {value!r}")
+    return int(value)
+
+
+def linted_inventory(hosts: str, payload: str) -> Inventory:
+    inventory = load_inventory(hosts)
+    problems = lint(inventory, Path(payload))
+    if problems:
+        raise LintFailed("\n".join(problems))
+    return inventory
+
+
 @task(help={
     "hosts": "inventory file (default: hosts.yaml, two workers on localhost)",
     "payload": "directory pushed to every host (default: payload/)",
@@ -46,9 +87,7 @@ def seconds(flag: str, value: str) -> float:
     "args": "arguments for the script, split like a shell would, e.g. \"--epochs 5\"",
     "dry_run": "print the plan (per host: commands, environment, TF_CONFIG) and touch nothing",
     "runs_dir": "where local run records go: logs, summary.json, artifacts (default: runs/)",
-    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
-    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
-                            "always refused)",
+    **SSH_HELP,
     "start_timeout": "seconds for every task to reach its first training step before the run "
                      "is torn down (default: 120; 0: no watchdog)",
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
@@ -64,16 +103,15 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
           start_timeout="120", no_check=False, detach=False, restarts="0"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
-    Exit status is 0 only when every task exited 0; 130 after Ctrl-C.
+    Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
+    input (nothing started anywhere); 130 after Ctrl-C.
     """
     console = Console(highlight=False)
-    try:
-        inventory = load_inventory(hosts)
+    with reported(console):
+        inventory = linted_inventory(hosts, payload)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
-                          grace=seconds("--grace", grace))
-        problems = lint(inventory, Path(payload))
-        if problems:
-            raise LintFailed("\n".join(problems))
+                          grace=seconds("--grace", grace),
+                          requirements_sha256=requirements_hash(Path(payload)))
         if dry_run:
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
@@ -88,49 +126,72 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
                                check=not no_check,
                                restarts=count("--restarts", restarts), detach=detach)
         code = run_training(inventory, options, settings, console)
-    except EXPECTED_ERRORS as exc:
-        fail(console, exc)
-    except KeyboardInterrupt:  # before anything was started; later ones are handled by the run
-        console.print("interrupted", style="yellow")
-        raise Exit(code=130)
-    if code:
-        raise Exit(code=code)
+    exit_with(code)
 
 
-def count(flag: str, value: str) -> int:
-    if not str(value).isdigit():
-        raise ValueError(f"{flag} takes a whole number, not {value!r}")
-    return int(value)
+@task(help={
+    "hosts": "inventory file (default: hosts.yaml)",
+    "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
+    **SSH_HELP,
+})
+def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Check that every host is ready to train; writes nothing on any host.
 
+    SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
+    free ports for its tasks, then the TCP mesh: every task's port reachable from every host.
 
-def fail(console: Console, exc: Exception) -> None:
-    console.print(Text.assemble(("error: ", "bold red"), str(exc)))
-    raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
-
-
-def run_task(action, connect_timeout="10", accept_new_host_keys=False, **settings) -> None:
-    """Call a run-management action with its settings; errors and codes as `train` has them."""
+    Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
+    """
     console = Console(highlight=False)
-    try:
-        code = action(console, RunSettings(
-            connect_timeout=seconds("--connect-timeout", connect_timeout),
-            accept_new_host_keys=accept_new_host_keys, **settings))
-    except EXPECTED_ERRORS as exc:
-        fail(console, exc)
-    except KeyboardInterrupt:
-        console.print("interrupted", style="yellow")
-        raise Exit(code=130)
-    if code:
-        raise Exit(code=code)
+    with reported(console):
+        inventory = linted_inventory(hosts, payload)
+        timeout = seconds("--connect-timeout", connect_timeout)
+        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
+            report = check_hosts(inventory, timeout, accept_new_host_keys)
+    console.print(report_view(report))
+    exit_with(0 if report.ok else 1)
+
+
+@task(help={
+    "hosts": "inventory file (default: hosts.yaml)",
+    "payload": "directory whose requirements.txt is installed (default: payload/)",
+    "wheelhouse": "local directory of wheels, pushed and installed with pip --no-index "
+                  "(for hosts without internet)",
+    **SSH_HELP,
+})
+def setup(c, hosts="hosts.yaml", payload="payload", wheelhouse="", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Build the payload's virtual environment on every host (reused when unchanged).
+
+    Environments live in <workdir>/envs/<key>, keyed by requirements.txt and the host's python;
+    `inv train` runs tasks with it unless the inventory names the host's own `python`.
+    """
+    console = Console(highlight=False)
+    with reported(console):
+        code = setup_envs(load_inventory(hosts), Path(payload),
+                          Path(wheelhouse) if wheelhouse else None,
+                          seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
+                          console)
+    exit_with(code)
 
 
 RUN_HELP = {
     # A flag, not a positional: Invoke has no optional positional arguments.
     "run": "run id, or a unique prefix of one (default: the newest run in the runs dir)",
     "runs_dir": "where the local run records are (default: runs/)",
-    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
-    "accept_new_host_keys": "record host keys missing from known_hosts",
+    **SSH_HELP,
 }
+
+
+def run_task(action, connect_timeout="10", accept_new_host_keys=False, **settings) -> None:
+    """Call a run-management action with its settings; errors and codes as `train` has them."""
+    console = Console(highlight=False)
+    with reported(console):
+        code = action(console, RunSettings(
+            connect_timeout=seconds("--connect-timeout", connect_timeout),
+            accept_new_host_keys=accept_new_host_keys, **settings))
+    exit_with(code)
 
 
 @task(help={"runs_dir": RUN_HELP["runs_dir"]})
@@ -156,7 +217,9 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
             "follow": "keep following, with the live view of inv train, until the run ends; "
                       "then fetch artifacts, write summary.json and tear the run down. "
                       "Ctrl-C stops following only: the run goes on",
-            "task": "print only task N's lines (every task's log is still kept locally)"})
+            "task": "print only task N's lines (every task's log is still kept locally)",
+            "start_timeout": "with --follow: seconds for every task to reach its first "
+                             "training step before the run is torn down (default: 0, off)"})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
          accept_new_host_keys=False, start_timeout="0"):
     """Print a run's logs; with --follow, reattach until the run ends.
@@ -179,42 +242,6 @@ def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=
     the run directories. Only this run's processes and directories are touched."""
     run_task(lambda console, s: stop_run(Path(runs_dir), run or None, s, console),
              connect_timeout, accept_new_host_keys)
-
-
-@task(help={
-    "hosts": "inventory file (default: hosts.yaml)",
-    "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
-    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
-    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
-                            "always refused)",
-})
-def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
-          accept_new_host_keys=False):
-    """Check that every host is ready to train; writes nothing on any host.
-
-    SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
-    free ports for its tasks, then the TCP mesh: every task's port reachable from every host.
-
-    Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
-    """
-    console = Console(highlight=False)
-    try:
-        inventory = load_inventory(hosts)
-        problems = lint(inventory, Path(payload))
-        if problems:
-            raise LintFailed("\n".join(problems))
-        timeout = seconds("--connect-timeout", connect_timeout)
-        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
-            report = check_hosts(inventory, timeout, accept_new_host_keys)
-    except EXPECTED_ERRORS as exc:
-        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
-    except KeyboardInterrupt:
-        console.print("interrupted", style="yellow")
-        raise Exit(code=130)
-    console.print(report_view(report))
-    if not report.ok:
-        raise Exit(code=1)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ Layout of a run directory (<workdir>/runs/<run-id>/):
     worker-<i>.pid.<n>, worker-<i>.exit.<n>   the same of attempt n, moved aside by a relaunch
 
 Verbs (each prints one JSON document on stdout):
-    launch RUNDIR TASK CWD -- ARGV...   environment as JSON on stdin; starts task detached
+    launch RUNDIR TASK CWD [PY] -- ARGV...  environment as JSON on stdin; starts task
+                                        detached; ARGV[0] becomes PY if that exists (the env
+                                        of `inv setup`)
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
     ports RUNDIR COUNT                  free TCP ports, distinct from each other
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
@@ -24,6 +26,9 @@ Verbs (each prints one JSON document on stdout):
                                         `stop GRACE` on its stdin stops the tasks at once
     stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
+    want RUNDIR CACHE                   hashes of manifest.json missing from the file cache
+    receive RUNDIR CACHE                tar of those files on stdin: verify, cache, assemble
+                                        payload/ (both in tfdeploy_cache.py, beside this file)
 """
 import base64
 import json
@@ -81,10 +86,12 @@ def ends_with_newline(path):
         return f.read(1) == b"\n"
 
 
-def launch(rundir, task, cwd, argv):
+def launch(rundir, task, cwd, argv, prefer=None):
     doc = json.load(sys.stdin)
     attempt = int(doc["env"].get("TFDEPLOY_ATTEMPT", "1"))
     set_aside(rundir, task, attempt)
+    if prefer and os.path.isfile(os.path.expanduser(prefer)):
+        argv = [os.path.expanduser(prefer)] + argv[1:]
     env = dict(os.environ)
     for key, value in doc["env"].items():
         if key in PATH_VARS:
@@ -354,7 +361,8 @@ def main(argv):
     verb, args = argv[0], argv[1:]
     rest = args[args.index("--") + 1:] if "--" in args else []
     if verb == "launch":
-        out = launch(args[0], args[1], args[2], rest)
+        before = args[:args.index("--")] if "--" in args else args
+        out = launch(args[0], args[1], args[2], rest, before[3] if len(before) > 3 else None)
     elif verb == "supervise":
         out = supervise(args[0], args[1], rest)
     elif verb == "ports":
@@ -370,6 +378,12 @@ def main(argv):
         out = stop(args[0], float(args[1]))
     elif verb == "cleanup":
         out = cleanup(args[0], float(args[1]))
+    elif verb in ("want", "receive"):
+        import tfdeploy_cache
+        out = tfdeploy_cache.main(verb, args)
+    elif verb in ("envstatus", "setup"):
+        import tfdeploy_env
+        out = tfdeploy_env.main(verb, args)
     else:
         raise SystemExit("unknown verb %r" % verb)
     if out is not None and verb != "supervise":

@@ -1,40 +1,58 @@
-"""The bytes pushed to every host: payload, agent and the run's identity, as one tar.gz."""
+"""What travels to every host, in two parts.
+
+The stage: a small tar.gz with the run's identity, the agent and the payload's manifest
+(relative path -> sha256, mode, size). The host answers which hashes its content cache lacks.
+The files: one stream of exactly those contents, each headed by its hash and size; the host verifies and
+caches them, then assembles payload/ from its cache (deploy/hostcache.py).
+"""
 from __future__ import annotations
 
 import io
 import json
 import os
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from .planner import AGENT_FILE, PAYLOAD_DIR
+from .hashcache import HashCache
+from .hostcache import END, INLINE_DIR, MAGIC
+from .ignore import IgnoreRules
+from .planner import AGENT_FILE, CACHE_FILE, MANIFEST_FILE
 
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
-SKIPPED = {"__pycache__", ".git", ".ipynb_checkpoints"}
+CACHE_SOURCE = Path(__file__).with_name("hostcache.py")
 
 
 class BundleError(ValueError):
     pass
 
 
-def payload_files(payload: Path) -> list[Path]:
-    """Regular files of the payload, symlinks inside it followed (hosts get their content);
-    a symlink leaving the payload is refused."""
+@dataclass(frozen=True)
+class FileEntry:
+    path: str            # relative, POSIX
+    sha256: str
+    mode: int            # 0o755 or 0o644: only the executable bit travels
+    size: int
+
+
+def payload_files(payload: Path, rules: IgnoreRules | None = None) -> list[Path]:
+    """Regular files of the payload that are not ignored, symlinks inside it followed (hosts
+    get their content); a symlink leaving the payload is refused unless it is ignored."""
+    rules = rules or IgnoreRules.of_payload(payload)
     root = payload.resolve()
     files = []
     for dirpath, dirnames, filenames in os.walk(payload, followlinks=True):
         here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED)
-        for name in [*dirnames, *filenames]:
+        rel_here = "" if here == payload else here.relative_to(payload).as_posix() + "/"
+        dirnames[:] = sorted(d for d in dirnames if not rules.ignored(rel_here + d, True))
+        kept = sorted(f for f in filenames if not rules.ignored(rel_here + f, False))
+        for name in [*dirnames, *kept]:
             path = here / name
             if path.is_symlink() and not _inside(path.resolve(), root):
                 raise BundleError(f"{path}: symlink points outside the payload ({path.resolve()})")
         if here != payload and here.is_symlink() and _inside(root, here.resolve()):
             raise BundleError(f"{here}: symlink loops back into the payload")
-        for name in sorted(filenames):
-            path = here / name
-            if path.suffix != ".pyc" and path.is_file():
-                files.append(path.relative_to(payload))
+        files += [(here / name).relative_to(payload) for name in kept if (here / name).is_file()]
     return sorted(files)
 
 
@@ -42,20 +60,66 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def build_bundle(payload: Path, entry: str, run_id: str) -> bytes:
+def file_entry(payload: Path, rel: Path, hashes: HashCache) -> FileEntry:
+    digest, stat = hashes.sha256(payload / rel)
+    return FileEntry(rel.as_posix(), digest, 0o755 if stat.st_mode & 0o100 else 0o644,
+                     stat.st_size)
+
+
+def manifest(payload: Path, entry: str, hashes: HashCache | None = None,
+             ) -> tuple[FileEntry, ...]:
+    """Every file that travels, with its content hash. Checks the payload and the entry."""
+    hashes = hashes or HashCache()
     if not payload.is_dir():
         raise BundleError(f"payload directory {payload} does not exist")
     entry_path = payload / entry
     if not _inside(entry_path.resolve(), payload.resolve()) or not entry_path.is_file():
         raise BundleError(f"entry script {entry!r} not found in payload {payload}")
+    files = tuple(file_entry(payload, rel, hashes) for rel in payload_files(payload))
+    entry_rel = os.path.normpath(entry)
+    if not any(f.path == entry_rel for f in files) and not any(
+            (payload / f.path).resolve() == entry_path.resolve() for f in files):
+        raise BundleError(f"entry script {entry!r} is excluded by "
+                          f"{payload / '.tfdeployignore'}")
+    return files
+
+
+def manifest_document(files: tuple[FileEntry, ...]) -> dict:
+    return {"files": [[f.path, f.sha256, f.mode, f.size] for f in files]}
+
+
+def stage_tar(run_id: str, files: tuple[FileEntry, ...], riders: list[FileEntry] = (),
+              payload: Path | None = None) -> bytes:
+    """run.json, the agent (and its cache helper), the manifest and the content of `riders`
+    (as inline/<sha256>, taken from `payload`), as a small tar.gz."""
     buf = io.BytesIO()
-    # dereference: a symlink inside the payload arrives as the file it points to.
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, dereference=True) as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         _add_bytes(tar, "run.json", json.dumps({"run_id": run_id}).encode())
+        _add_bytes(tar, MANIFEST_FILE, json.dumps(manifest_document(files)).encode())
         tar.add(AGENT_SOURCE, arcname=AGENT_FILE)
-        for rel in payload_files(payload):
-            tar.add(payload / rel, arcname=f"{PAYLOAD_DIR}/{rel.as_posix()}", recursive=False)
+        tar.add(CACHE_SOURCE, arcname=CACHE_FILE)
+        for f in riders:
+            _add_bytes(tar, f"{INLINE_DIR}/{f.sha256}", (payload / f.path).read_bytes())
     return buf.getvalue()
+
+
+def files_stream(payload: Path, files: tuple[FileEntry, ...], wanted: set[str]) -> bytes:
+    """The content of every file whose hash is in `wanted`, once per hash, framed as
+    hostcache.py reads it. Not compressed: payloads that matter for speed are mostly data and
+    weights. A file changed since it was hashed is caught here (or by the host's check)."""
+    parts = [MAGIC]
+    sent: set[str] = set()
+    for f in files:
+        if f.sha256 in wanted and f.sha256 not in sent:
+            sent.add(f.sha256)
+            data = (payload / f.path).read_bytes()
+            if len(data) != f.size:
+                raise BundleError(f"{payload / f.path} changed while it was being pushed")
+            parts += [f"{f.sha256} {f.size}\n".encode(), data]
+    missing = wanted - sent
+    if missing:
+        raise BundleError(f"the host asked for content not in the payload: {sorted(missing)[:3]}")
+    return b"".join(parts + [END])
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -67,6 +67,8 @@ class Host:
     cluster_address: str = ""
     workers: int = 1
     env: Mapping[str, EnvValue] = field(default_factory=dict)
+    own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
+    gpus: tuple[int, ...] | str | None = None   # one task per listed GPU, or "all" for one task
 
     @property
     def tf_address(self) -> str:
@@ -91,7 +93,7 @@ class Inventory:
 HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
     "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
-    "workdir": str, "cluster_address": str, "workers": int, "env": dict,
+    "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
 }
 DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
 TOP_FIELDS = ("defaults", "hosts")
@@ -239,6 +241,9 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     workers = raw.get("workers", 1)
     if workers < 1:
         raise fail("workers", f"must be at least 1, not {workers}")
+    gpus = _gpus(raw, fail)
+    if isinstance(gpus, tuple):
+        workers = len(gpus)
     policy = raw.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
         raise fail("host_key_policy", f"must be one of {', '.join(HOST_KEY_POLICIES)}, not {policy!r}")
@@ -249,6 +254,8 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     env = {}
     for key, value in (raw.get("env") or {}).items():
         env[key] = _env_value(key, value, environ, lambda msg, k=key: fail("env", f"{k}: {msg}"))
+    if gpus is not None and "CUDA_VISIBLE_DEVICES" in env:
+        raise fail("env", "CUDA_VISIBLE_DEVICES: is set from `gpus` on this host; remove it")
     return Host(
         name=name, address=address, transport=transport, port=port, user=raw.get("user"),
         identity_file=raw.get("identity_file"),
@@ -256,7 +263,30 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
         cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
+        own_python="python" in raw, gpus=gpus,
     )
+
+
+def _gpus(raw: dict, fail) -> tuple[int, ...] | str | None:
+    """`gpus: [0, 1]` (one task per GPU) or `gpus: all` (one task that sees every GPU)."""
+    gpus = raw.get("gpus")
+    if gpus is None:
+        return None
+    if gpus == "all":
+        if raw.get("workers", 1) != 1:
+            raise fail("workers", "gpus: all gives one task that sees every GPU; remove "
+                                  "workers, or list the GPUs (gpus: [0, 1]) for a task per GPU")
+        return "all"
+    if not isinstance(gpus, list) or not gpus or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+        raise fail("gpus", f"must be a list of GPU indices such as [0, 1], or all, not {gpus!r}")
+    twice = sorted({g for g in gpus if gpus.count(g) > 1})
+    if twice:
+        raise fail("gpus", f"lists GPU {twice[0]} more than once")
+    if "workers" in raw:
+        raise fail("workers", f"cannot be combined with a gpus list: each listed GPU gets one "
+                              f"task ({len(gpus)} here); remove workers")
+    return tuple(gpus)
 
 
 def workdir_problem(workdir: str) -> str | None:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .bundle import build_bundle
 from .checkrun import check_before_run
 from .inventory import Inventory
 from .planner import Options, plan_run
 from .plantext import plan_document
+from .push import PayloadPush
 from .records import FollowLock, record_document, write_record
 from .restarts import Restarter
 from .finish import Finish, finish
@@ -29,7 +29,8 @@ from .view import say
 def train(inventory: Inventory, options: Options, settings: RunSettings,
           console: Console) -> int:
     run_id = new_run_id()
-    bundle = build_bundle(Path(options.payload), options.entry, run_id)
+    payload = PayloadPush(Path(options.payload), options.entry, run_id,
+                          hash_cache=settings.runs_dir / "payload-hashes.json")
     skeleton = plan_run(inventory, options, run_id)
     local_dir = settings.runs_dir / run_id
     count = len(skeleton.tasks)
@@ -52,9 +53,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     how = Finish.DONE
     detached = False
     try:
-        with console.status(f"pushing payload ({len(bundle) / 1024:.0f} KiB) to "
-                            f"{len(inventory.hosts)} host(s)…"):
-            session.push(skeleton, bundle)
+        write_json(local_dir / "push.json", payload.send(session, skeleton, console))
+        with console.status("choosing ports…"):
             run.plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
         write_json(local_dir / "plan.json", plan_document(run.plan))
         write_record(local_dir, record_document(

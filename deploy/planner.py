@@ -4,6 +4,7 @@ the tests compare it with golden files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Mapping
@@ -12,6 +13,8 @@ from .inventory import EnvValue, Host, Inventory
 from .shell import join, quote, quote_path
 
 AGENT_FILE = "tfdeploy_agent.py"
+CACHE_FILE = "tfdeploy_cache.py"       # the agent's content-cache half (deploy/hostcache.py)
+MANIFEST_FILE = "manifest.json"
 PAYLOAD_DIR = "payload"
 OUTPUT_DIR = "output"
 BACKUP_DIR = "backup"
@@ -26,6 +29,8 @@ class Options:
     entry: str = "train.py"
     args: tuple[str, ...] = ()
     grace: float = 3.0
+    # sha256 of the payload's requirements.txt: tasks prefer the env `inv setup` built from it.
+    requirements_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class TaskPlan:
     tf_config: Mapping
     env: Mapping[str, EnvValue]
     launch: RemoteCommand
+    gpus: str | None = None          # "1": CUDA_VISIBLE_DEVICES=1; "all": every GPU; None
 
     @property
     def name(self) -> str:
@@ -61,8 +67,10 @@ class HostPlan:
     host: Host
     run_dir: str
     push: RemoteCommand
+    receive: RemoteCommand
     ports: RemoteCommand
     tasks: tuple[TaskPlan, ...]
+    env_python: str | None = None     # used when it exists on the host, else host.python
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,25 @@ def endpoint(host: Host, port: int | None) -> str:
 
 def run_dir(host: Host, run_id: str) -> str:
     return f"{host.workdir}/runs/{run_id}"
+
+
+def cache_dir(host: Host) -> str:
+    """Content-addressed payload files; outside every run dir, kept between runs."""
+    return f"{host.workdir}/cache"
+
+
+def env_dir(host: Host, requirements_sha256: str) -> str:
+    """Where `inv setup` builds the host's environment for one requirements.txt."""
+    key = hashlib.sha256(f"{requirements_sha256}\0{host.python}".encode()).hexdigest()[:16]
+    return f"{host.workdir}/envs/{key}"
+
+
+def env_python(host: Host, requirements_sha256: str | None) -> str | None:
+    """The interpreter tasks prefer: the setup environment's, unless the inventory names the
+    host's own `python` (or the payload has no requirements.txt)."""
+    if host.own_python or not requirements_sha256:
+        return None
+    return f"{env_dir(host, requirements_sha256)}/bin/python"
 
 
 def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, ...] = ()) -> str:
@@ -164,8 +191,15 @@ def tf_config(cluster: list[str], index: int) -> dict:
     return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
 
 
+def task_gpus(host: Host, slot: int) -> str | None:
+    """The GPUs of the host's `slot`-th task: one listed GPU each, or all of them."""
+    if isinstance(host.gpus, tuple):
+        return str(host.gpus[slot])
+    return host.gpus
+
+
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
-             count: int) -> dict[str, EnvValue]:
+             count: int, gpus: str | None = None) -> dict[str, EnvValue]:
     env = {
         "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
         # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
@@ -180,6 +214,8 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         # copy to every host before a relaunch (there is no shared disk).
         "TFDEPLOY_BACKUP_DIR": EnvValue(f"{rundir}/{BACKUP_DIR}"),
     }
+    if gpus is not None and gpus != "all":
+        env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
     env.update(host.env)
     return env
 
@@ -194,23 +230,28 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
     host_plans = []
     for host in inventory.hosts:
         rundir = run_dir(host, run_id)
+        envpy = env_python(host, options.requirements_sha256)
         tasks = []
-        for _ in range(host.workers):
+        for slot in range(host.workers):
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
+            gpus = task_gpus(host, slot)
             config = tf_config(cluster, index)
             argv = (quote_path(host.python), quote(options.entry),
                     *(quote(a) for a in options.args))
             launch = host_agent(host, rundir, "launch", str(index), f"{rundir}/{PAYLOAD_DIR}",
-                                tail=argv)
+                                *([envpy] if envpy else []), tail=argv)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index), tf_config=config,
-                env=task_env(host, run_id, rundir, config, index, len(slots)),
-                launch=RemoteCommand(launch, stdin="environment as JSON")))
+                env=task_env(host, run_id, rundir, config, index, len(slots), gpus),
+                launch=RemoteCommand(launch, stdin="environment as JSON"), gpus=gpus))
         quoted = quote_path(rundir)
+        want = host_agent(host, rundir, "want", cache_dir(host))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
-            push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted}",
-                               stdin="tar.gz of payload/, run.json and the agent"),
+            push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted} && {want}",
+                               stdin="tar.gz of run.json, the agent and the payload manifest"),
+            receive=RemoteCommand(host_agent(host, rundir, "receive", cache_dir(host)),
+                                  stdin="the payload files the host lacks, each headed by its sha256"),
             ports=RemoteCommand(host_agent(host, rundir, "ports", str(host.workers + SPARE_PORTS))),
-            tasks=tuple(tasks)))
+            tasks=tuple(tasks), env_python=envpy))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

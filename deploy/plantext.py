@@ -19,11 +19,14 @@ def plan_document(plan: RunPlan) -> dict:
             "transport": hp.host.transport,
             "address": hp.host.address,
             "run_dir": hp.run_dir,
+            **({"env_python": hp.env_python} if hp.env_python else {}),
             "push": str(hp.push),
+            "receive": str(hp.receive),
             "ports": str(hp.ports),
             "tasks": [{
                 "task": t.name,
                 "endpoint": t.endpoint,
+                **({"gpus": t.gpus} if t.gpus else {}),
                 "tf_config": t.tf_config,
                 "env": {k: v.shown() for k, v in t.env.items()},
                 "launch": str(t.launch),
@@ -44,9 +47,12 @@ def plan_text(plan: RunPlan) -> str:
         where = "local subprocesses" if host.transport == "local" else (
             f"ssh {host.user + '@' if host.user else ''}{host.address}:{host.port}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
-                  f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
+                  f"  push:   {hp.push}", f"  send:   {hp.receive}", f"  ports:  {hp.ports}"]
+        if hp.env_python:
+            lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
         for t in hp.tasks:
-            lines.append(f"  {t.name} at {t.endpoint}")
+            gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
+            lines.append(f"  {t.name} at {t.endpoint}{gpus}")
             lines.append(f"    launch: {t.launch}")
             for key, value in t.env.items():
                 lines.append(f"    env {key}={value.shown()}")

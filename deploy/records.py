@@ -24,7 +24,8 @@ LOCK_FILE = ".follow.lock"
 VERSION = 1
 # The connection fields of a host; `env` is deliberately not among them.
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
-               "host_key_policy", "python", "workdir", "cluster_address", "workers")
+               "host_key_policy", "python", "workdir", "cluster_address", "workers",
+               "own_python", "gpus")
 # States: starting, running (a controller follows it), detached, finished, interrupted, down.
 ACTIVE_STATES = ("starting", "running", "detached")
 
@@ -41,7 +42,8 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
         "state": state,
         "controller_pid": os.getpid(),
         "options": {"payload": plan.options.payload, "entry": plan.options.entry,
-                    "args": list(plan.options.args), "grace": plan.options.grace},
+                    "args": list(plan.options.args), "grace": plan.options.grace,
+                    "requirements_sha256": plan.options.requirements_sha256},
         "hosts": [{**{k: getattr(hp.host, k) for k in HOST_FIELDS}, "run_dir": hp.run_dir}
                   for hp in plan.hosts],
         "tasks": [{"index": t.index, "name": t.name, "host": t.host.name, "port": t.port,
@@ -112,14 +114,18 @@ def find_run(runs_dir: Path, run_id: str | None) -> Path:
 
 
 def hosts_of(doc: dict) -> tuple[Host, ...]:
-    return tuple(Host(**{k: h[k] for k in HOST_FIELDS}) for h in doc["hosts"])
+    def host(fields: dict) -> Host:
+        gpus = fields["gpus"]
+        return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus})
+    return tuple(host({k: h[k] for k in HOST_FIELDS}) for h in doc["hosts"])
 
 
 def plan_of(doc: dict, where: str = "record") -> RunPlan:
     """The run's plan again, from its record: same hosts, run dirs, ports and commands."""
     opts = doc["options"]
     options = Options(payload=opts["payload"], entry=opts["entry"], args=tuple(opts["args"]),
-                      grace=float(opts["grace"]))
+                      grace=float(opts["grace"]),
+                      requirements_sha256=opts["requirements_sha256"])
     ports = {t["index"]: t["port"] for t in doc["tasks"]}
     plan = plan_run(Inventory(path=where, hosts=hosts_of(doc)), options, doc["run_id"], ports)
     recorded = [(t["index"], t["endpoint"]) for t in doc["tasks"]]

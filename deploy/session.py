@@ -64,9 +64,26 @@ class Session:
         return on_all(name, plans, lambda hp: hp.host.name,
                       lambda hp: step(hp, self.transports[hp.host.name]))
 
-    def push(self, plan: RunPlan, bundle: bytes) -> None:
-        self._all("pushing the payload", plan.hosts, lambda hp, t: checked(
-            t.run(hp.push.line, stdin=bundle, timeout=600), hp.host, "payload push"))
+    def push(self, plan: RunPlan, stage: bytes, content: Callable[[frozenset[str]], bytes],
+             on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
+             ) -> dict[str, dict]:
+        """Two steps on every host: the stage (identity, agent, manifest, small recent files)
+        answers which file contents the host's cache still lacks; then exactly those travel and
+        the host assembles payload/ (a host that lacks nothing has done so in the first step).
+        Returns each host's record: missing hashes, received (both steps), files."""
+        wants = self._all("pushing the payload", plan.hosts, lambda hp, t: agent_json(
+            t.run(hp.push.line, stdin=stage, timeout=120), hp.host, "payload push"))
+        on_answers(wants)
+
+        def send(hp: HostPlan, t: Transport) -> dict:
+            want = wants[hp.host.name]
+            if want.get("assembled"):
+                return want
+            answer = agent_json(t.run(hp.receive.line, stdin=content(frozenset(want["missing"])),
+                                      timeout=1800), hp.host, "sending payload files")
+            return {**answer, "missing": want["missing"],
+                    "received": want["received"] + answer["received"]}
+        return self._all("sending payload files", plan.hosts, send)
 
     def free_ports(self, plan: RunPlan) -> dict[int, int]:
         """A free port per task, distinct across the whole cluster: TensorFlow binds every

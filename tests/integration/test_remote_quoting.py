@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from deploy.bundle import build_bundle
 from deploy.inventory import EnvValue, Inventory, load_inventory, workdir_problem
 from deploy.planner import Options, plan_run
+from deploy.push import PayloadPush
 from deploy.runner import new_run_id
 from deploy.session import Session
 from deploy.transport import connect
@@ -60,7 +61,7 @@ def run_remotely(session: Session, host, payload: Path, args, env, workdir: str)
                     Options(payload=str(payload), entry="dump.py", args=tuple(args)), run_id,
                     ports={0: 1})
     try:
-        session.push(plan, build_bundle(payload, "dump.py", run_id))
+        PayloadPush(payload, "dump.py", run_id).send(session, plan, Console(quiet=True))
         session.launch(plan)
         deadline = time.monotonic() + 30
         log = b""

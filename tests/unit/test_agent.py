@@ -23,7 +23,7 @@ import pytest
 
 from procs import processes_of_run, wait_until_gone
 
-from deploy.bundle import build_bundle
+from deploy.push import PayloadPush
 from deploy.inventory import EnvValue, Inventory, parse_inventory
 from deploy.planner import (Options, cleanup_command, fetch_output_command, plan_run,
                             poll_command, stop_command)
@@ -120,6 +120,22 @@ def test_launch_records_exit_code_and_log(rundir, run_id):
     rest = poll(rundir, 0, offset=1)
     assert base64.b64decode(rest["data"]) == b"i\n" and rest["offset"] == 3
     assert wait_until_gone(run_id, 5) == []       # the supervisor exits right after the task
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_launch_prefers_the_setup_env_python_when_it_exists(rundir, tmp_path, exists):
+    """`inv setup`'s interpreter replaces ARGV[0] when present; else the host's python runs."""
+    envpy = tmp_path / "envs" / "k" / "bin" / "python"
+    if exists:
+        envpy.parent.mkdir(parents=True)
+        envpy.symlink_to(sys.executable)
+    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name}}
+    agent("launch", str(rundir), "0", str(rundir), str(envpy), "--", sys.executable, "-c",
+          "import sys; print(sys.executable)", stdin=json.dumps(doc))
+    status = poll_until_ended(rundir, 0)
+    assert status["code"] == 0
+    ran = base64.b64decode(status["data"]).decode().strip()
+    assert ran == (str(envpy) if exists else sys.executable)
 
 
 def test_launch_passes_the_environment_from_stdin_and_runs_in_cwd(rundir):
@@ -293,8 +309,13 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     (task,) = hp.tasks
     transport = LocalTransport(host)
 
-    pushed = transport.run(hp.push.line, stdin=build_bundle(payload, "train.py", run_id))
+    push = PayloadPush(payload, "train.py", run_id)
+    pushed = transport.run(hp.push.line, stdin=push.stage)
     assert pushed.code == 0, pushed.stderr
+    # A small new file rides along with the manifest: one round trip assembles the payload.
+    answer = json.loads(pushed.stdout)
+    assert answer["received"] == [f.sha256 for f in push.files] and answer["missing"] == []
+    assert answer["assembled"] is True
     rundir = Path(hp.run_dir)
     assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
 

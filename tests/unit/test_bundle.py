@@ -1,6 +1,7 @@
-"""The bytes pushed to every host: payload, agent and run identity, as one tar.gz."""
+"""What travels to every host: the stage (identity, agent, manifest) and the files by hash."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -8,19 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from deploy.bundle import AGENT_SOURCE, BundleError, build_bundle, payload_files
+from deploy.bundle import (AGENT_SOURCE, CACHE_SOURCE, BundleError, files_stream, manifest,
+                           payload_files, stage_tar)
 
 RUN_ID = "20260101-000000-b0b0b0"
 
 
-def members(bundle: bytes) -> dict[str, tarfile.TarInfo]:
-    with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+def members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return {m.name: m for m in tar.getmembers()}
 
 
-def read(bundle: bytes, name: str) -> bytes:
-    with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+def read(data: bytes, name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return tar.extractfile(name).read()
+
+
+def build_bundle(payload: Path, entry: str, run_id: str) -> dict[str, object]:
+    """The payload as it arrives: relative path -> manifest entry."""
+    stage_tar(run_id, files := manifest(payload, entry))
+    return {f"payload/{f.path}": f for f in files}
 
 
 @pytest.fixture
@@ -42,19 +50,38 @@ def payload(tmp_path):
     return root
 
 
-def test_bundle_holds_payload_agent_and_identity(payload):
-    bundle = build_bundle(payload, "train.py", RUN_ID)
-    assert bundle[:2] == b"\x1f\x8b"                       # gzip
-    found = members(bundle)
-    assert sorted(found) == ["payload/nb/a.ipynb", "payload/pkg/__init__.py",
-                             "payload/pkg/deep/er/data file.csv", "payload/pkg/util.py",
-                             "payload/run.sh", "payload/train.py", "run.json",
-                             "tfdeploy_agent.py"]
-    assert json.loads(read(bundle, "run.json")) == {"run_id": RUN_ID}
-    assert read(bundle, "tfdeploy_agent.py") == AGENT_SOURCE.read_bytes()
-    assert read(bundle, "payload/pkg/deep/er/data file.csv") == b"a,b\n1,2\n"
-    assert all(m.isfile() for m in found.values())
-    assert found["payload/run.sh"].mode & 0o111        # executable bits survive
+def test_stage_holds_identity_agent_and_manifest(payload):
+    files = manifest(payload, "train.py")
+    stage = stage_tar(RUN_ID, files)
+    assert stage[:2] == b"\x1f\x8b"                        # gzip
+    assert sorted(members(stage)) == ["manifest.json", "run.json", "tfdeploy_agent.py",
+                                      "tfdeploy_cache.py"]
+    assert json.loads(read(stage, "run.json")) == {"run_id": RUN_ID}
+    assert read(stage, "tfdeploy_agent.py") == AGENT_SOURCE.read_bytes()
+    assert read(stage, "tfdeploy_cache.py") == CACHE_SOURCE.read_bytes()
+    doc = json.loads(read(stage, "manifest.json"))
+    assert [row[0] for row in doc["files"]] == ["nb/a.ipynb", "pkg/__init__.py",
+                                                "pkg/deep/er/data file.csv", "pkg/util.py",
+                                                "run.sh", "train.py"]
+    by_path = {row[0]: row for row in doc["files"]}
+    assert by_path["pkg/deep/er/data file.csv"][1:] == [
+        hashlib.sha256(b"a,b\n1,2\n").hexdigest(), 0o644, 8]
+    assert by_path["run.sh"][2] == 0o755                   # the executable bit travels
+
+
+def test_the_file_stream_holds_each_wanted_content_once_headed_by_its_hash(payload):
+    (payload / "copy.py").write_text("X = 1\n")            # same content as pkg/util.py
+    files = manifest(payload, "train.py")
+    util = next(f for f in files if f.path == "pkg/util.py")
+    train = next(f for f in files if f.path == "train.py")
+    data = files_stream(payload, files, {util.sha256, train.sha256})
+    # In manifest order (copy.py brings util.py's content first), each content once.
+    assert data == (b"tfdeploy-files 1\n" + f"{util.sha256} {util.size}\n".encode()
+                    + b"X = 1\n" + f"{train.sha256} {train.size}\n".encode()
+                    + b"print('hi')\n" + b"end\n")
+    assert files_stream(payload, files, set()) == b"tfdeploy-files 1\nend\n"
+    with pytest.raises(BundleError, match="not in the payload"):
+        files_stream(payload, files, {"0" * 64})
 
 
 def test_skipped_parts_never_reach_the_bundle(payload):
@@ -65,7 +92,7 @@ def test_skipped_parts_never_reach_the_bundle(payload):
 
 def test_a_symlink_inside_the_payload_is_fine_when_relative(payload):
     (payload / "link.py").symlink_to("pkg/util.py")
-    assert "payload/link.py" in members(build_bundle(payload, "train.py", RUN_ID))
+    assert "payload/link.py" in build_bundle(payload, "train.py", RUN_ID)
 
 
 @pytest.mark.parametrize("target", ["/etc", "/etc/hostname", "../../outside.txt", "/nonexistent"])
@@ -92,7 +119,7 @@ def test_missing_entry_script_and_payload_are_errors(payload, tmp_path):
 
 def test_an_entry_in_a_subdirectory_is_found(payload):
     bundle = build_bundle(payload, "pkg/util.py", RUN_ID)
-    assert "payload/pkg/util.py" in members(bundle)
+    assert "payload/pkg/util.py" in bundle
 
 
 @pytest.mark.parametrize("outside", ["../elsewhere.py", "ABSOLUTE"])
@@ -106,11 +133,11 @@ def test_an_entry_outside_the_payload_is_refused(payload, outside):
 
 def test_an_absolute_symlink_inside_the_payload_arrives_usable(payload):
     (payload / "alias.py").symlink_to(payload / "pkg" / "util.py")
-    member = members(build_bundle(payload, "train.py", RUN_ID))["payload/alias.py"]
-    assert member.isfile() or not Path(member.linkname).is_absolute()
+    entry = build_bundle(payload, "train.py", RUN_ID)["payload/alias.py"]
+    assert entry.size == len("X = 1\n")                    # its content, not a link
 
 
 def test_a_symlinked_directory_inside_the_payload_is_shipped(payload):
     (payload / "lib").symlink_to("pkg")
-    found = members(build_bundle(payload, "train.py", RUN_ID))
+    found = build_bundle(payload, "train.py", RUN_ID)
     assert "payload/lib" in found or "payload/lib/util.py" in found

@@ -73,6 +73,17 @@ EXPECTED = {
     # transport, host key policy
     "bad_transport": (4, "a", "transport", ["ssh, local", "'telnet'"]),
     "bad_policy": (4, "a", "host_key_policy", ["strict, accept-new", "'yes-to-all'"]),
+    # gpus
+    "gpus_with_workers": (5, "a", "workers", ["cannot be combined with a gpus list",
+                                              "2 here"]),
+    "gpus_with_workers_default": (2, "b", "workers", ["cannot be combined with a gpus list",
+                                                      "3 here"]),       # line of the default
+    "gpus_all_with_workers": (5, "a", "workers", ["gpus: all gives one task"]),
+    "gpus_word": (4, "a", "gpus", ["list of GPU indices", "or all", "'some'"]),
+    "gpus_negative": (4, "a", "gpus", ["list of GPU indices", "-1"]),
+    "gpus_empty": (4, "a", "gpus", ["list of GPU indices", "[]"]),
+    "gpus_twice": (4, "a", "gpus", ["GPU 1 more than once"]),
+    "gpus_and_cuda_env": (5, "a", "env", ["CUDA_VISIBLE_DEVICES", "set from `gpus`"]),
 }
 
 # Inputs that once slipped through or crashed the loader: (what went wrong, the exception it

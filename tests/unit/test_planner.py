@@ -50,11 +50,25 @@ hosts:
     port: 2222
     workdir: /scratch/tf
 """
+GPUS = """
+hosts:
+  - name: pair
+    address: gpu-1.lab
+    gpus: [1, 0]
+  - name: big
+    address: gpu-2.lab
+    gpus: all
+  - name: cpu
+    address: cpu-1.lab
+    env:
+      CUDA_VISIBLE_DEVICES: ""
+"""
 LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
     "lab": (LAB, None, Options(args=("--epochs", "5", "--note", "it's $(fine)"))),
     "lab_ports": (LAB, LAB_PORTS, Options(entry="main.py")),
+    "gpus": (GPUS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
 }
 
 
@@ -92,7 +106,8 @@ def test_no_stale_golden_files():
 
 def test_local_case_is_the_repo_default_with_python_pinned():
     default = load_inventory(REPO / "hosts.yaml", environ={})
-    pinned = [dataclasses.replace(h, python="/opt/venv/bin/python") for h in default.hosts]
+    pinned = [dataclasses.replace(h, python="/opt/venv/bin/python", own_python=True)
+              for h in default.hosts]
     assert list(inventory_of("local").hosts) == pinned
 
 
@@ -167,7 +182,12 @@ def test_commands_name_the_run_dir_and_agent():
     plan = plan_of("lab")
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
-    assert b.push.line == f"mkdir -p {b.run_dir} && tar -xzf - -C {b.run_dir}"
+    agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
+    assert b.push.line == (f"mkdir -p {b.run_dir} && tar -xzf - -C {b.run_dir} && "
+                           f"{agent} want {b.run_dir} /scratch/tf/cache")
+    # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
+    assert b.receive.line == f"{agent} receive {b.run_dir} /scratch/tf/cache"
+    assert a.receive.line.endswith(" receive ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
     assert b.ports.line == (f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} ports {b.run_dir} 5")
     launch = plan.tasks[2].launch.line
     assert launch.startswith(f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} launch {b.run_dir} 2 "
@@ -220,3 +240,24 @@ def test_update_mode_rewrites_a_golden(tmp_path, monkeypatch):
     monkeypatch.setenv("TFDEPLOY_UPDATE_GOLDEN", "1")
     check_golden(golden, "new\n")
     assert golden.read_text() == "new\n"
+
+
+def test_a_task_per_listed_gpu_and_one_task_for_all():
+    plan = plan_of("gpus")
+    pair, big, cpu = plan.hosts
+    assert [(t.index, t.gpus, t.env["CUDA_VISIBLE_DEVICES"].value) for t in pair.tasks] == [
+        (0, "1", "1"), (1, "0", "0")]                       # in the order listed
+    (whole,) = big.tasks
+    assert whole.gpus == "all" and "CUDA_VISIBLE_DEVICES" not in whole.env
+    (plain,) = cpu.tasks
+    assert plain.gpus is None and plain.env["CUDA_VISIBLE_DEVICES"].value == ""  # its own env
+    # Two tasks on one host: distinct ports, and both in the cluster.
+    assert [t.endpoint for t in pair.tasks] == ["gpu-1.lab:20000", "gpu-1.lab:20001"]
+    assert len(plan.tasks[0].tf_config["cluster"]["worker"]) == 4
+    text = plan_text(plan).splitlines()
+    assert "  worker-0 at gpu-1.lab:20000, GPU 1" in text
+    assert "  worker-1 at gpu-1.lab:20001, GPU 0" in text
+    assert "  worker-2 at gpu-2.lab:20002, all GPUs" in text
+    assert "  worker-3 at cpu-1.lab:20003" in text
+    doc = plan_document(plan)
+    assert [t.get("gpus") for h in doc["hosts"] for t in h["tasks"]] == ["1", "0", "all", None]

@@ -161,3 +161,12 @@ def test_restarts_stop_when_used_up_or_when_a_stop_failed():
     assert not restarter.may_restart(run)
     run.problems, run.attempt = [], 2
     assert not restarter.may_restart(run)
+
+
+def test_gpus_and_the_setup_environment_survive_the_round_trip(tmp_path):
+    plan = plan_run(inventory_of("gpus"), Options(requirements_sha256="ab" * 32),
+                    "20260101-000000-fedcba", {i: 21000 + i for i in range(8)})
+    again = plan_of(load_record(recorded(tmp_path, plan)))
+    assert again.options == plan.options
+    assert [h.host.gpus for h in again.hosts] == [h.host.gpus for h in plan.hosts]
+    assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]

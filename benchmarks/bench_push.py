@@ -1,0 +1,136 @@
+"""The incremental payload push against `rsync -a`, both over the same four sshd servers.
+
+A payload of FILES files of random bytes (default 1,000 files, 100 MB) is pushed three ways,
+each by both sides, alternating: a first push (empty host caches / empty rsync targets), a
+push with nothing changed, and a push after one file changed. Our side is what `inv train`
+does before it starts tasks: connect, hash the payload (files unchanged since the last push
+by their stat are not read again, as rsync does not read them), ask each host what it lacks, send only
+that, assemble payload/ on every host; it is timed from before the SSH connections to the end
+of the push. rsync runs as four `rsync -a -e "ssh ..."` processes in parallel, one per host,
+strict about host keys as we are. Prints each time, the medians and the ratios ours / rsync.
+
+    python benchmarks/bench_push.py [--repeats 3] [--files 1000] [--megabytes 100]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+from sshlab import SshLab  # noqa: E402
+
+from deploy.inventory import load_inventory  # noqa: E402
+from deploy.planner import Options, plan_run  # noqa: E402
+from deploy.push import PayloadPush  # noqa: E402
+from deploy.runner import new_run_id  # noqa: E402
+from deploy.session import Session  # noqa: E402
+
+HOSTS = 4
+FIRST_OCTET = 60     # away from the test lab's 127.0.0.2, .3, ...
+CASES = ("first push", "no change", "one file changed")
+
+
+def make_payload(root: Path, files: int, total: int) -> None:
+    (root / "data").mkdir(parents=True)
+    (root / "train.py").write_text("print('bench')\n")
+    size = total // files
+    for i in range(files - 1):
+        (root / "data" / f"part-{i:04d}.bin").write_bytes(os.urandom(size))
+
+
+def ours(inventory: Path, payload: Path, hashes: Path) -> float:
+    quiet = Console(file=open(os.devnull, "w"))
+    started = time.monotonic()
+    inv = load_inventory(str(inventory))
+    run_id = new_run_id()
+    push = PayloadPush(payload, "train.py", run_id, hash_cache=hashes)   # as inv train does
+    plan = plan_run(inv, Options(payload=str(payload)), run_id)
+    session = Session.open(inv, 10.0, False)
+    try:
+        push.send(session, plan, quiet)
+        elapsed = time.monotonic() - started
+        problems = session.cleanup(plan)          # the run dir goes; the cache stays
+        if problems:
+            raise SystemExit(f"cleanup: {problems}")
+    finally:
+        session.close()
+    return elapsed
+
+
+def rsync(lab: SshLab, payload: Path) -> float:
+    started = time.monotonic()
+    procs = []
+    for host in lab.hosts:
+        ssh = (f"ssh -i {lab.identity_file} -o UserKnownHostsFile={lab.known_hosts} "
+               f"-o StrictHostKeyChecking=yes -o BatchMode=yes -p {host.port}")
+        dest = f"{lab.user}@{host.address}:{host.workdir}/rsync-target/"
+        procs.append(subprocess.Popen(["rsync", "-a", "-e", ssh, f"{payload}/", dest]))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"rsync failed: {codes}")
+    return time.monotonic() - started
+
+
+def reset(lab: SshLab, hashes: Path) -> None:
+    """Empty host caches, rsync targets and our remembered hashes: the next push is a first
+    push for both sides, reading every file."""
+    hashes.unlink(missing_ok=True)
+    for host in lab.hosts:
+        host.workdir.mkdir(parents=True, exist_ok=True)
+        for name in ("cache", "rsync-target"):
+            shutil.rmtree(host.workdir / name, ignore_errors=True)
+        (host.workdir / "rsync-target").mkdir()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--megabytes", type=int, default=100)
+    opts = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the lab's sshd servers are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    times: dict[tuple[str, str], list[float]] = {(c, s): [] for c in CASES
+                                                 for s in ("ours", "rsync")}
+    with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp, \
+            SshLab(Path(tmp) / "lab", first_octet=FIRST_OCTET) as lab:
+        lab.start(HOSTS)
+        inventory = lab.write_inventory(Path(tmp) / "hosts.yaml", lab.hosts)
+        payload = Path(tmp) / "payload"
+        hashes = Path(tmp) / "payload-hashes.json"
+        make_payload(payload, opts.files, opts.megabytes * 1_000_000)
+        print(f"payload: {opts.files} files, {opts.megabytes} MB of random bytes; "
+              f"{HOSTS} sshd hosts on loopback; {opts.repeats} repeats, alternating")
+        for repeat in range(opts.repeats):
+            reset(lab, hashes)
+            for case in CASES:
+                if case == "one file changed":
+                    victim = payload / "data" / f"part-{repeat:04d}.bin"
+                    victim.write_bytes(os.urandom(victim.stat().st_size))
+                # Alternate which side goes first, so caches warmed by one do not favour it.
+                order = ("ours", "rsync") if repeat % 2 == 0 else ("rsync", "ours")
+                for side in order:
+                    elapsed = ours(inventory, payload, hashes) if side == "ours" else rsync(lab, payload)
+                    times[(case, side)].append(elapsed)
+        for case in CASES:
+            o, r = times[(case, "ours")], times[(case, "rsync")]
+            mo, mr = statistics.median(o), statistics.median(r)
+            print(f"{case:17s} ours  " + " ".join(f"{t:.2f}" for t in o) + f" s; median {mo:.2f} s")
+            print(f"{'':17s} rsync " + " ".join(f"{t:.2f}" for t in r) + f" s; median {mr:.2f} s")
+            print(f"{'':17s} ratio ours / rsync: {mo / mr:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

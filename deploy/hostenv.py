@@ -1,0 +1,134 @@
+"""Host side of `inv setup`: one virtual environment per requirements file, built beside the
+others and renamed into place. Shipped beside the agent as tfdeploy_env.py; stdlib only.
+
+    <workdir>/envs/<key>/                 a finished environment (key: envplan.env_dir)
+    <workdir>/envs/<key>/tfdeploy-env.json  written last: requirements hash, python version
+    <rundir>/env-build/                   the environment while it is built; renamed to
+                                          envs/<key> only once pip succeeded, so a half-built
+                                          one is never used (a failed build goes with the run
+                                          directory's cleanup)
+
+Verbs, both `RUNDIR ENVDIR`: `envstatus` answers whether ENVDIR is ready for this
+requirements.txt and this Python; `setup [wheelhouse]` builds it, printing one JSON line per
+step or pip output line, then the result.
+"""
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+
+MARKER = "tfdeploy-env.json"
+# Distribution names whose versions the setup table shows.
+PACKAGES = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
+VERSIONS = ("import importlib.metadata as m, json, platform\n"
+            "def v(n):\n"
+            "    try:\n        return m.version(n)\n"
+            "    except m.PackageNotFoundError:\n        return None\n"
+            "print(json.dumps(dict({'python': platform.python_version()}, "
+            "**{k: v(n) for k, n in %r.items()})))" % (PACKAGES,))
+
+
+class SetupError(Exception):
+    pass
+
+
+def say(**doc):
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def wanted(rundir):
+    with open(os.path.join(rundir, "requirements.txt"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"requirements_sha256": digest, "python": platform.python_version(),
+            "base": os.path.realpath(sys.executable)}
+
+
+def ready(envdir, want):
+    try:
+        with open(os.path.join(envdir, MARKER)) as f:
+            have = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return all(have.get(k) == v for k, v in want.items()) and os.path.exists(
+        os.path.join(envdir, "bin", "python"))
+
+
+def versions(envdir):
+    out = subprocess.run([os.path.join(envdir, "bin", "python"), "-c", VERSIONS],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise SetupError("the environment's python does not run: %s" % out.stderr.strip()[-300:])
+    return json.loads(out.stdout)
+
+
+def envstatus(rundir, envdir):
+    if ready(envdir, wanted(rundir)):
+        return {"ready": True, "env": envdir, "versions": versions(envdir)}
+    return {"ready": False, "env": envdir}
+
+
+def run_logged(argv):
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace")
+    for line in proc.stdout:
+        if line.strip():
+            say(event="log", text=line.rstrip())
+    if proc.wait() != 0:
+        raise SetupError("%s failed with exit code %d" % (" ".join(argv[:4]), proc.returncode))
+
+
+def setup(rundir, envdir, wheelhouse):
+    want = wanted(rundir)
+    if ready(envdir, want):
+        say(event="step", text="environment exists: reusing it")
+        return {"event": "done", "reused": True, "env": envdir, "versions": versions(envdir)}
+    build = os.path.join(rundir, "env-build")
+    say(event="step", text="creating the virtual environment (python %s)" % want["python"])
+    run_logged([sys.executable, "-m", "venv", build])
+    python = os.path.join(build, "bin", "python")
+    install = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+               "-r", os.path.join(rundir, "requirements.txt")]
+    if wheelhouse:
+        install += ["--no-index", "--find-links", os.path.join(rundir, "wheelhouse")]
+    say(event="step", text="installing requirements.txt" + (" from the wheelhouse" if wheelhouse
+                                                             else ""))
+    run_logged(install)
+    with open(os.path.join(build, MARKER), "w") as f:
+        json.dump(want, f)
+    os.makedirs(os.path.dirname(envdir), exist_ok=True)
+    if os.path.lexists(envdir):
+        # A stale one (other Python, or unfinished): it goes with this run's directory.
+        os.rename(envdir, os.path.join(rundir, "env-replaced"))
+    os.rename(build, envdir)
+    relocate(envdir, build)
+    return {"event": "done", "reused": False, "env": envdir, "versions": versions(envdir)}
+
+
+def relocate(envdir, build):
+    """Scripts and activate files name the directory the env was built in; point them at its
+    final place (bin/python itself does not depend on it)."""
+    old, new = build.encode(), envdir.encode()
+    for folder in (os.path.join(envdir, "bin"), envdir):
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            if old in data:
+                with open(path, "wb") as f:
+                    f.write(data.replace(old, new))
+
+
+def main(verb, args):
+    rundir, envdir = args[0], os.path.expanduser(args[1])
+    try:
+        if verb == "envstatus":
+            return envstatus(rundir, envdir)
+        return setup(rundir, envdir, len(args) > 2 and args[2] == "wheelhouse")
+    except (SetupError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        say(event="error", message=str(exc))
+        raise SystemExit(1)

@@ -1,0 +1,143 @@
+"""`inv setup` on real sshd servers, offline: a tiny wheel built here is the wheelhouse.
+From a bare workdir it builds the environment; a second call reuses it; a changed
+requirements.txt builds a new one beside it; `inv train` then runs tasks with it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def inv(*args: str) -> subprocess.CompletedProcess:
+    # Wide enough that rich does not wrap the paths the assertions look for.
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=600, env={**os.environ, "COLUMNS": "400"})
+
+
+def build_wheel(tmp_path: Path, version: str, wheelhouse: Path) -> None:
+    src = tmp_path / f"tinypkg-src-{version}"
+    (src / "tinypkg").mkdir(parents=True)
+    (src / "tinypkg" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "tinypkg"\nversion = "{version}"\n')
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
+                           "--no-build-isolation", "-w", str(wheelhouse), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def envs(workdir: Path) -> list[Path]:
+    root = workdir / "envs"
+    return sorted(p for p in root.iterdir()) if root.exists() else []
+
+
+def import_version(env: Path) -> str:
+    out = subprocess.run([str(env / "bin" / "python"), "-c",
+                          "import tinypkg; print(tinypkg.VERSION)"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def setup_lab(ssh_lab, tmp_path):
+    """Two lab hosts with fresh workdirs and no `python` in the inventory: the hosts' own
+    python3 builds the environments, as on a bare machine."""
+    hosts = ssh_lab.hosts[:2]
+    workdirs = {h.name: tmp_path / f"work-{h.name}" for h in hosts}
+    doc = yaml.safe_load(ssh_lab.inventory_yaml(
+        hosts, per_host={n: {"workdir": str(w)} for n, w in workdirs.items()}))
+    del doc["defaults"]["python"]
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    wheelhouse = tmp_path / "wheelhouse"
+    for version in ("1.0", "2.0"):
+        build_wheel(tmp_path, version, wheelhouse)
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "requirements.txt").write_text("tinypkg==1.0\n")
+    (payload / "train.py").write_text(
+        "import sys, tinypkg\nprint('ran with', sys.executable, 'tinypkg', tinypkg.VERSION)\n")
+    return inventory, workdirs, wheelhouse, payload
+
+
+def test_setup_builds_reuses_and_rebuilds_on_change(setup_lab, tmp_path):
+    inventory, workdirs, wheelhouse, payload = setup_lab
+    args = ("setup", "--hosts", str(inventory), "--payload", str(payload),
+            "--wheelhouse", str(wheelhouse))
+    first = inv(*args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count("built") >= 2, first.stdout
+    assert "setup: 2 built of 2 host(s)" in first.stdout
+    assert "python" in first.stdout and "tensorflow" in first.stdout       # the versions table
+    built = {}
+    for name, work in workdirs.items():
+        (env,) = envs(work)
+        assert import_version(env) == "1.0"
+        assert json.loads((env / "tfdeploy-env.json").read_text())["requirements_sha256"]
+        assert list((work / "runs").iterdir()) == []                # setup run dirs removed
+        built[name] = env
+
+    again = inv(*args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("reused") >= 2 and "built" not in again.stdout, again.stdout
+    assert "setup: 2 reused of 2 host(s)" in again.stdout
+    for name, work in workdirs.items():
+        assert envs(work) == [built[name]]
+    # No wheelhouse push and no pip when every host already has the environment.
+    assert "pushing the wheelhouse" not in again.stdout
+
+    # The environment is what `inv train` runs the tasks with (no `python` in the inventory).
+    runs = tmp_path / "runs"
+    trained = inv("train", "--hosts", str(inventory), "--payload", str(payload),
+                  "--runs-dir", str(runs), "--start-timeout", "0")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    for i, name in enumerate(workdirs):
+        log = (run_dir / f"worker-{i}.log").read_text()
+        assert f"ran with {built[name]}/bin/python tinypkg 1.0" in log, log
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [h["env_python"] for h in plan["hosts"]] == [f"{built[n]}/bin/python" for n in built]
+    dry = inv("train", "--hosts", str(inventory), "--payload", str(payload), "--dry-run")
+    assert dry.stdout.count("if `inv setup` built it, else python3") == 2, dry.stdout
+
+    (payload / "requirements.txt").write_text("tinypkg==2.0\n")
+    changed = inv(*args)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    for name, work in workdirs.items():
+        old, new = built[name], [e for e in envs(work) if e != built[name]]
+        assert len(envs(work)) == 2 and len(new) == 1               # a new one beside the old
+        assert import_version(new[0]) == "2.0" and import_version(old) == "1.0"
+
+
+def test_setup_without_requirements_or_with_a_bad_wheelhouse_changes_nothing(setup_lab,
+                                                                           tmp_path):
+    inventory, workdirs, wheelhouse, payload = setup_lab
+    (payload / "requirements.txt").unlink()
+    done = inv("setup", "--hosts", str(inventory), "--payload", str(payload))
+    assert done.returncode == 2 and "requirements.txt does not exist" in done.stdout
+    (payload / "requirements.txt").write_text("tinypkg==1.0\n")
+    done = inv("setup", "--hosts", str(inventory), "--payload", str(payload),
+               "--wheelhouse", str(tmp_path / "nowhere"))
+    assert done.returncode == 2 and "is not a directory" in done.stdout
+    assert all(not w.exists() for w in workdirs.values())
+
+
+def test_a_failing_install_is_reported_per_host_and_leaves_no_env(setup_lab):
+    inventory, workdirs, wheelhouse, payload = setup_lab
+    (payload / "requirements.txt").write_text("tinypkg==9.9\n")       # not in the wheelhouse
+    done = inv("setup", "--hosts", str(inventory), "--payload", str(payload),
+               "--wheelhouse", str(wheelhouse))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed" in done.stdout and "tinypkg==9.9" in done.stdout, done.stdout
+    for work in workdirs.values():
+        assert envs(work) == [] and list((work / "runs").iterdir()) == []

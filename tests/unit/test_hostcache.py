@@ -1,0 +1,171 @@
+"""The host side of the incremental push (deploy/hostcache.py), run here on temp dirs:
+what the cache lacks, verified receipt, and payload/ assembled atomically from the cache."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy import hostcache
+from deploy.bundle import files_stream, manifest, manifest_document
+
+AGENT = Path(__file__).resolve().parents[2] / "deploy" / "agent.py"
+
+
+@pytest.fixture
+def payload(tmp_path):
+    root = tmp_path / "payload"
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "pkg" / "same.py").write_text("A = 1\n")       # same content: cached once
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    return root
+
+
+def new_run(tmp_path: Path, payload: Path, name: str):
+    rundir = tmp_path / "work" / "runs" / name
+    rundir.mkdir(parents=True)
+    files = manifest(payload, "train.py")
+    (rundir / "manifest.json").write_text(json.dumps(manifest_document(files)))
+    return rundir, files
+
+
+def push(tmp_path, payload, name):
+    """want + receive as the controller drives them; returns (want answer, receive answer)."""
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, name)
+    wanted = hostcache.want(str(rundir), str(cache))
+    if wanted.get("assembled"):          # nothing missing: payload/ is there already
+        return rundir, wanted, {"received": []}
+    data = files_stream(payload, files, set(wanted["missing"]))
+    got = hostcache.receive(str(rundir), str(cache), io.BytesIO(data))
+    return rundir, wanted, got
+
+
+def test_first_push_sends_each_content_once_and_assembles_the_payload(tmp_path, payload):
+    rundir, wanted, got = push(tmp_path, payload, "r1")
+    assert wanted["files"] == 4 and len(wanted["missing"]) == 3      # a.py == same.py
+    assert sorted(got["received"]) == wanted["missing"] and got["files"] == 4
+    out = rundir / "payload"
+    assert (out / "pkg" / "same.py").read_text() == "A = 1\n"
+    assert (out / "train.py").read_text() == "print('hi')\n"
+    assert os.access(out / "run.sh", os.X_OK)
+    assert not stat.S_IMODE((out / "train.py").stat().st_mode) & 0o222   # read-only link
+    assert [p.name for p in rundir.iterdir() if p.name.startswith(".payload-")] == []
+    cached = sorted(p.name for p in (tmp_path / "work" / "cache" / "files").iterdir())
+    assert cached == wanted["missing"]
+
+
+def test_second_push_after_a_one_file_change_sends_exactly_that_file(tmp_path, payload):
+    push(tmp_path, payload, "r1")
+    rundir, wanted, got = push(tmp_path, payload, "r2")
+    assert wanted == {"missing": [], "received": [], "files": 4, "assembled": True}
+    assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 1\n"
+    (payload / "pkg" / "a.py").write_text("A = 2\n")
+    rundir, wanted, got = push(tmp_path, payload, "r3")
+    assert len(wanted["missing"]) == 1 and got["received"] == wanted["missing"]
+    assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 2\n"
+    assert (rundir / "payload" / "pkg" / "same.py").read_text() == "A = 1\n"
+
+
+def test_content_with_the_wrong_hash_is_refused_and_never_cached(tmp_path, payload):
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, "r1")
+    missing = hostcache.want(str(rundir), str(cache))["missing"]
+    size = next(f.size for f in files if f.sha256 == missing[0])
+    evil = b"e" * size
+    stream = hostcache.MAGIC + f"{missing[0]} {size}\n".encode() + evil + hostcache.END
+    with pytest.raises(hostcache.CacheError, match="arrived with hash"):
+        hostcache.receive(str(rundir), str(cache), io.BytesIO(stream))
+    assert list((cache / "files").iterdir()) == [] and list((cache / "tmp").iterdir()) == []
+    assert not (rundir / "payload").exists()
+
+
+def test_an_interrupted_stream_leaves_no_payload_and_only_verified_files(tmp_path, payload):
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, "r1")
+    missing = hostcache.want(str(rundir), str(cache))["missing"]
+    data = files_stream(payload, files, set(missing))
+    order = list(dict.fromkeys(f.sha256 for f in files))        # the stream's order
+    # The first file whole, the second's header and 3 of its bytes: a transfer cut short.
+    header2 = data.index(order[1].encode())
+    cut = data[:data.index(b"\n", header2) + 1 + 3]
+    with pytest.raises(hostcache.CacheError, match="cut short"):
+        hostcache.receive(str(rundir), str(cache), io.BytesIO(cut))
+    assert not (rundir / "payload").exists()
+    assert len(list((cache / "files").iterdir())) == 1
+    # The next attempt asks only for what is still missing, and completes.
+    again = hostcache.want(str(rundir), str(cache))["missing"]
+    assert len(again) == len(missing) - 1
+    hostcache.receive(str(rundir), str(cache), io.BytesIO(files_stream(payload, files, set(again))))
+    assert (rundir / "payload" / "run.sh").read_text() == "#!/bin/sh\n"
+
+
+def test_a_stream_file_not_in_the_manifest_is_refused(tmp_path, payload):
+    rundir, _ = new_run(tmp_path, payload, "r1")
+    stream = hostcache.MAGIC + b"../../escape 0\n" + hostcache.END
+    with pytest.raises(hostcache.CacheError, match="unexpected file"):
+        hostcache.receive(str(rundir), str(tmp_path / "cache"), io.BytesIO(stream))
+    with pytest.raises(hostcache.CacheError, match="does not start with"):
+        hostcache.receive(str(rundir), str(tmp_path / "cache"), io.BytesIO(b"PK\3\4"))
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../../x", "a//b", "./a"])
+def test_a_manifest_path_leaving_the_payload_is_refused(tmp_path, path):
+    rundir = tmp_path / "r"
+    rundir.mkdir()
+    (rundir / "manifest.json").write_text(json.dumps({"files": [[path, "a" * 64, 0o644, 0]]}))
+    with pytest.raises(hostcache.CacheError, match="bad manifest entry"):
+        hostcache.want(str(rundir), str(tmp_path / "cache"))
+
+
+def test_the_agent_runs_want_and_receive_from_the_run_dir(tmp_path, payload):
+    """As on a host: the agent and tfdeploy_cache.py side by side, nothing else importable."""
+    rundir, files = new_run(tmp_path, payload, "r1")
+    (rundir / "tfdeploy_agent.py").write_bytes(AGENT.read_bytes())
+    (rundir / "tfdeploy_cache.py").write_bytes(Path(hostcache.__file__).read_bytes())
+    cache = str(tmp_path / "work" / "cache")
+    env = {"PATH": os.environ["PATH"]}
+    agent = [sys.executable, "-S", str(rundir / "tfdeploy_agent.py")]
+    want = subprocess.run(agent + ["want", str(rundir), cache], capture_output=True, env=env)
+    missing = json.loads(want.stdout)["missing"]
+    got = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
+                         input=files_stream(payload, files, set(missing)))
+    assert got.returncode == 0, got.stderr
+    assert sorted(json.loads(got.stdout)["received"]) == missing
+    bad = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
+                         input=b"")
+    assert bad.returncode != 0 and b"payload receive:" in bad.stderr
+
+
+def test_files_riding_with_the_manifest_are_verified_cached_and_spare_a_round_trip(tmp_path,
+                                                                                    payload):
+    push(tmp_path, payload, "r1")
+    (payload / "pkg" / "a.py").write_text("A = 3\n")
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, "r2")
+    changed = next(f for f in files if f.path == "pkg/a.py")
+    (rundir / "inline").mkdir()
+    (rundir / "inline" / changed.sha256).write_bytes(b"A = 3\n")
+    wanted = hostcache.want(str(rundir), str(cache))
+    assert wanted == {"missing": [], "received": [changed.sha256], "files": 4, "assembled": True}
+    assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 3\n"
+    assert not (rundir / "inline").exists()
+
+
+def test_a_rider_with_the_wrong_content_is_refused(tmp_path, payload):
+    cache = tmp_path / "work" / "cache"
+    rundir, files = new_run(tmp_path, payload, "r1")
+    (rundir / "inline").mkdir()
+    (rundir / "inline" / files[0].sha256).write_bytes(b"x" * files[0].size)
+    with pytest.raises(hostcache.CacheError, match="arrived with hash"):
+        hostcache.want(str(rundir), str(cache))
+    assert list((cache / "files").iterdir()) == [] and not (rundir / "payload").exists()
