@@ -111,7 +111,8 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
         inventory = linted_inventory(hosts, payload)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
                           grace=seconds("--grace", grace),
-                          requirements_sha256=requirements_hash(Path(payload)))
+                          requirements_sha256=requirements_hash(Path(payload)),
+                          backup=count("--restarts", restarts) > 0)
         if dry_run:
             console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
                           end="")
@@ -148,7 +149,8 @@ def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
         inventory = linted_inventory(hosts, payload)
         timeout = seconds("--connect-timeout", connect_timeout)
         with console.status(f"checking {len(inventory.hosts)} host(s)…"):
-            report = check_hosts(inventory, timeout, accept_new_host_keys)
+            report = check_hosts(inventory, timeout, accept_new_host_keys,
+                                 requirements_hash(Path(payload)))
     console.print(report_view(report))
     exit_with(0 if report.ok else 1)
 

@@ -18,6 +18,7 @@ from .checks import (HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assi
                      version_problems)
 from .inventory import Inventory
 from .parallel import on_each
+from .planner import env_python
 from .session import Session, StepFailed, agent_json
 from .transport import Transport, connect
 from .view import say
@@ -30,8 +31,10 @@ class ChecksFailed(Exception):
 
 
 def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
-               unreachable: Mapping[str, str] | None = None) -> CheckReport:
-    """`transports` by host name; hosts in `unreachable` (name -> why) are reported as such."""
+               unreachable: Mapping[str, str] | None = None,
+               requirements_sha256: str | None = None) -> CheckReport:
+    """`transports` by host name; hosts in `unreachable` (name -> why) are reported as such.
+    `requirements_sha256` names the `inv setup` environment the tasks would prefer."""
     started = time.monotonic()
     source = HOSTCHECK_SOURCE.read_bytes()
     checks = [HostCheck(h) for h in inventory.hosts]
@@ -48,7 +51,8 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
         return agent_json(result, c.host, step)
 
     answers, errors = on_each(connected, lambda c: c.host.name, lambda c: ask(
-        c, probe_command(c.host), f"running {c.host.python}", PROBE_TIMEOUT))
+        c, probe_command(c.host, env_python(c.host, requirements_sha256)),
+        f"running {c.host.python}", PROBE_TIMEOUT))
     for c in connected:
         if c.host.name in errors:
             c.problems.append(str(errors[c.host.name]))
@@ -68,14 +72,15 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
     return report
 
 
-def check_hosts(inventory: Inventory, connect_timeout: float,
-                accept_new_host_keys: bool) -> CheckReport:
+def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_keys: bool,
+                requirements_sha256: str | None = None) -> CheckReport:
     """`inv check`: connect to every host itself, so that unreachable hosts become rows too."""
     started = time.monotonic()
     transports, errors = on_each(inventory.hosts, lambda h: h.name, lambda h: connect(
         h, connect_timeout, accept_new_host_keys))
     try:
-        report = run_checks(inventory, transports, {n: str(e) for n, e in errors.items()})
+        report = run_checks(inventory, transports, {n: str(e) for n, e in errors.items()},
+                            requirements_sha256)
     finally:
         for transport in transports.values():
             transport.close()
@@ -83,12 +88,14 @@ def check_hosts(inventory: Inventory, connect_timeout: float,
     return report
 
 
-def check_before_run(session: Session, inventory: Inventory, console: Console) -> None:
+def check_before_run(session: Session, inventory: Inventory, console: Console,
+                     requirements_sha256: str | None = None) -> None:
     """`train`'s checks, on the session's connections. On a problem the session is closed and
     ChecksFailed raised: nothing has been started or written on any host."""
     try:
         with console.status(f"checking {len(inventory.hosts)} host(s)…"):
-            report = run_checks(inventory, session.transports)
+            report = run_checks(inventory, session.transports,
+                                requirements_sha256=requirements_sha256)
         if not report.ok:
             console.print(report_view(report))
             raise ChecksFailed(f"{len(report.all_problems)} problem(s) found before starting; "

@@ -51,10 +51,16 @@ def tf_label(host: Host) -> str:
     return f"{host.name} ({host.tf_address})"
 
 
-def probe_command(host: Host) -> str:
-    """The host's python reads hostcheck.py from stdin: nothing is written on the host."""
-    return join([quote_path(host.python), "-", "probe", quote_path(host.workdir),
-                 str(host.workers + SPARE_PORTS)])
+def probe_command(host: Host, env_python: str | None = None) -> str:
+    """The host's python reads hostcheck.py from stdin: nothing is written on the host.
+    With `env_python` (the environment of `inv setup`), that one answers where it exists,
+    since it is what the tasks will run."""
+    args = ["-", "probe", quote_path(host.workdir), str(host.workers + SPARE_PORTS)]
+    probe = join([quote_path(host.python), *args])
+    if not env_python:
+        return probe
+    env = quote_path(env_python)
+    return f"if [ -x {env} ]; then {join([env, *args])}; else {probe}; fi"
 
 
 def mesh_command(host: Host, spec: dict) -> str:
@@ -68,7 +74,8 @@ def judge_probe(check: HostCheck, answer: dict) -> None:
     versions = answer.get("versions", {})
     for package, version in versions.items():
         if version is None:
-            check.problems.append(f"{label}: {package} is not installed for {host.python} "
+            check.problems.append(f"{label}: {package} is not installed for "
+                                  f"{answer.get('executable') or host.python} "
                                   f"(pip install {INSTALL.get(package, package)})")
     tf, tfk = versions.get("tensorflow"), versions.get("tf_keras")
     if tf and tfk and minor(tf) != minor(tfk):

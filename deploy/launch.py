@@ -39,7 +39,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
     if settings.check:
-        check_before_run(session, inventory, console)   # closes the session when it fails
+        # Closes the session when it fails.
+        check_before_run(session, inventory, console, options.requirements_sha256)
     local_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     # Written before anything reaches a host: a controller lost from here on leaves a record

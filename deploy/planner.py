@@ -31,6 +31,9 @@ class Options:
     grace: float = 3.0
     # sha256 of the payload's requirements.txt: tasks prefer the env `inv setup` built from it.
     requirements_sha256: str | None = None
+    # Tasks keep BackupAndRestore state only when a relaunch can use it (--restarts): writing
+    # it costs every epoch, and without restarts the run directory and it go at teardown.
+    backup: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ def task_gpus(host: Host, slot: int) -> str | None:
 
 
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
-             count: int, gpus: str | None = None) -> dict[str, EnvValue]:
+             count: int, gpus: str | None = None, backup: bool = False) -> dict[str, EnvValue]:
     env = {
         "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
         # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
@@ -210,10 +213,11 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
         "TFDEPLOY_OUTPUT_DIR": EnvValue(f"{rundir}/{OUTPUT_DIR}"),
+    }
+    if backup:
         # Where the payload keeps its BackupAndRestore state; --restarts carries the chief's
         # copy to every host before a relaunch (there is no shared disk).
-        "TFDEPLOY_BACKUP_DIR": EnvValue(f"{rundir}/{BACKUP_DIR}"),
-    }
+        env["TFDEPLOY_BACKUP_DIR"] = EnvValue(f"{rundir}/{BACKUP_DIR}")
     if gpus is not None and gpus != "all":
         env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
     env.update(host.env)
@@ -242,7 +246,8 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                                 *([envpy] if envpy else []), tail=argv)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index), tf_config=config,
-                env=task_env(host, run_id, rundir, config, index, len(slots), gpus),
+                env=task_env(host, run_id, rundir, config, index, len(slots), gpus,
+                             options.backup),
                 launch=RemoteCommand(launch, stdin="environment as JSON"), gpus=gpus))
         quoted = quote_path(rundir)
         want = host_agent(host, rundir, "want", cache_dir(host))

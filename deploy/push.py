@@ -31,10 +31,11 @@ class PayloadPush:
 
     def __init__(self, payload: Path, entry: str, run_id: str, hash_cache: Path | None = None):
         self.payload = payload
-        hashes = HashCache(hash_cache)
-        self.files: tuple[FileEntry, ...] = manifest(payload, entry, hashes)
-        hashes.save()
-        self.stage = stage_tar(run_id, self.files, self.riders(hashes.changed), payload)
+        # Saved only after a push that reached every host: nothing is written here before
+        # then, and files of a failed push still count as changed (they ride along again).
+        self.hashes = HashCache(hash_cache)
+        self.files: tuple[FileEntry, ...] = manifest(payload, entry, self.hashes)
+        self.stage = stage_tar(run_id, self.files, self.riders(self.hashes.changed), payload)
         self._tars: dict[frozenset[str], bytes] = {}
         self._lock = threading.Lock()
 
@@ -84,4 +85,5 @@ class PayloadPush:
                 console.print(self.changed(answers), highlight=False)
                 status.update("payload: sending and assembling on every host…")
             answers = session.push(plan, self.stage, self.content, on_answers)
+        self.hashes.save()
         return {"files": len(self.files), "bytes": self.total_bytes, "hosts": answers}

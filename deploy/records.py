@@ -43,7 +43,8 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
         "controller_pid": os.getpid(),
         "options": {"payload": plan.options.payload, "entry": plan.options.entry,
                     "args": list(plan.options.args), "grace": plan.options.grace,
-                    "requirements_sha256": plan.options.requirements_sha256},
+                    "requirements_sha256": plan.options.requirements_sha256,
+                    "backup": plan.options.backup},
         "hosts": [{**{k: getattr(hp.host, k) for k in HOST_FIELDS}, "run_dir": hp.run_dir}
                   for hp in plan.hosts],
         "tasks": [{"index": t.index, "name": t.name, "host": t.host.name, "port": t.port,
@@ -125,7 +126,8 @@ def plan_of(doc: dict, where: str = "record") -> RunPlan:
     opts = doc["options"]
     options = Options(payload=opts["payload"], entry=opts["entry"], args=tuple(opts["args"]),
                       grace=float(opts["grace"]),
-                      requirements_sha256=opts["requirements_sha256"])
+                      requirements_sha256=opts["requirements_sha256"],
+                      backup=opts["backup"])
     ports = {t["index"]: t["port"] for t in doc["tasks"]}
     plan = plan_run(Inventory(path=where, hosts=hosts_of(doc)), options, doc["run_id"], ports)
     recorded = [(t["index"], t["endpoint"]) for t in doc["tasks"]]

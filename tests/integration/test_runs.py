@@ -213,7 +213,7 @@ def test_restarts_resume_from_the_carried_backup(lab, tmp_path):
     done = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--payload",
                str(payload), "--entry", "crash.py", "--restarts", "1", "--grace", "1",
                "--args", "--epochs 5 --steps-per-epoch 10")
-    run_dir = max(runs.iterdir())
+    run_dir = max(p for p in runs.iterdir() if p.is_dir())
     try:
         assert done.returncode == 0, done.stdout + done.stderr
         assert "restart 1 of 1: worker-1 failed (exit code 3)" in done.stdout

@@ -47,6 +47,21 @@ def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything()
     assert line.startswith("/opt/py3 - mesh '{") and "$(id)" in line
 
 
+@pytest.mark.parametrize("env_exists", [True, False])
+def test_the_probe_runs_the_setup_environment_where_it_exists(tmp_path, env_exists):
+    """The tasks run `inv setup`'s interpreter when it exists, so that one is probed."""
+    env = tmp_path / "env dir" / "python"
+    if env_exists:
+        env.parent.mkdir()
+        env.symlink_to(sys.executable)
+    host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
+                     f" python: '{sys.executable}'}}\n").hosts[0]
+    done = subprocess.run(["/bin/sh", "-c", probe_command(host, str(env))],
+                          input=HOSTCHECK_SOURCE.read_bytes(),
+                          capture_output=True, check=True)
+    assert json.loads(done.stdout)["executable"] == (str(env) if env_exists else sys.executable)
+
+
 def test_a_healthy_probe_has_no_problems():
     assert all(c.problems == [] for c in probed())
 

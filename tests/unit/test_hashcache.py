@@ -87,9 +87,12 @@ def test_only_changed_small_files_ride_along_with_the_manifest(tmp_path, settled
     with tarfile.open(fileobj=io.BytesIO(first.stage)) as tar:      # new files: small ones
         assert [n for n in tar.getnames() if n.startswith("inline/")] == [
             "inline/" + sha(b"print(1)\n")]
+    assert not store.exists()            # kept only once a push has reached every host
+    first.hashes.save()                  # as PayloadPush.send does after such a push
     second = PayloadPush(payload, "train.py", "r2", hash_cache=store)
     with tarfile.open(fileobj=io.BytesIO(second.stage)) as tar:
         assert not [n for n in tar.getnames() if n.startswith("inline/")]   # nothing changed
+    second.hashes.save()
     (payload / "train.py").write_text("print(2)\n")
     third = PayloadPush(payload, "train.py", "r3", hash_cache=store)
     with tarfile.open(fileobj=io.BytesIO(third.stage)) as tar:
