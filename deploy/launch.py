@@ -34,14 +34,15 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     skeleton = plan_run(inventory, options, run_id)
     local_dir = settings.runs_dir / run_id
     count = len(skeleton.tasks)
-    console.print(f"run [bold]{run_id}[/]: {count} task(s) on {len(inventory.hosts)} host(s); "
-                  f"local records in {local_dir}", highlight=False)
+    console.print(f"run [bold]{run_id}[/]: {count} task(s) on {len(inventory.hosts)} host(s)",
+                  highlight=False)
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
     if settings.check:
         # Closes the session when it fails.
         check_before_run(session, inventory, console, options.requirements_sha256)
     local_dir.mkdir(parents=True, exist_ok=True)
+    console.print(f"local records in {local_dir}", highlight=False)
     started = time.time()
     # Written before anything reaches a host: a controller lost from here on leaves a record
     # from which `inv down` finds the run.

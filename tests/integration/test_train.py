@@ -179,11 +179,21 @@ def test_dry_run_prints_the_plan_and_touches_nothing(lab_inventory, tmp_path):
 
 
 def test_help_explains_every_flag():
-    listing = inv("--list")
-    assert "train" in listing.stdout
-    help_text = inv("train", "--help").stdout
+    listing = inv("--list").stdout
+    tasks = [line.split()[0] for line in listing.splitlines()[1:] if line.startswith("  ")
+             and not line.startswith("   ")]
+    assert {"train", "check", "setup", "runs", "status", "logs", "down"} <= set(tasks), listing
+    for name in tasks:
+        help_text = inv(name, "--help").stdout
+        options = help_text.split("Options:", 1)[1].splitlines()
+        flags = [line for line in options if line.strip().startswith("-")]
+        assert flags, help_text
+        for line in flags:
+            # Invoke prints the flag, then its help text on the same line.
+            assert len(line.split("  ", 2)) == 3 and line.split("  ", 2)[2].strip(), (name, line)
+    train_help = inv("train", "--help").stdout
     for flag in ("--hosts", "--payload", "--entry", "--args", "--dry-run", "--runs-dir"):
-        assert flag in help_text
+        assert flag in train_help
 
 
 def test_startup_watchdog_ends_a_run_whose_peer_never_comes(lab_inventory, tmp_path):
