@@ -19,7 +19,6 @@ Verbs (each prints one JSON document on stdout):
                                         detached; ARGV[0] becomes PY if that exists (the env
                                         of `inv setup`)
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
-    ports RUNDIR COUNT                  free TCP ports, distinct from each other
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
     follow RUNDIR TASK:OFFSET...        the same as a stream of JSON lines, one per change,
                                         until every task has ended and its log is read;
@@ -34,7 +33,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -132,19 +130,6 @@ def supervise(rundir, task, argv):
         code = 128 - code
     write_json_atomic(task_file(rundir, task, "exit"), {"code": code, "ended": time.time()})
     return {}
-
-
-def free_ports(count):
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("", 0))
-            socks.append(s)
-        return {"ports": [s.getsockname()[1] for s in socks]}
-    finally:
-        for s in socks:
-            s.close()
 
 
 def ignores_term(pid):
@@ -365,8 +350,6 @@ def main(argv):
         out = launch(args[0], args[1], args[2], rest, before[3] if len(before) > 3 else None)
     elif verb == "supervise":
         out = supervise(args[0], args[1], rest)
-    elif verb == "ports":
-        out = free_ports(int(args[1]))
     elif verb == "poll":
         out = poll(args[0], parse_requests(args[1:]))
     elif verb == "follow":

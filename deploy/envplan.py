@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .inventory import Inventory
+from .inventory import Host, Inventory
 from .planner import RemoteCommand, cleanup_command, env_dir, host_agent, run_dir
 from .shell import quote_path
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from .progress import losses_agree
-from .runner import EXIT_INTERRUPTED, Run, ignore_sigint, write_json
+from .records import write_json
+from .runner import EXIT_INTERRUPTED, Run, ignore_sigint
 from .view import say, summary_table
 
 

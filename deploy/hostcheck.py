@@ -1,5 +1,6 @@
-"""The host side of `inv check`: sent to the host's Python on stdin (`python3 - VERB ARGS`), so
-checking a host writes nothing on it. Standard library only, like agent.py.
+"""The host side of `inv check` and of `inv train`'s port choice: sent to the host's Python on
+stdin (`python3 - VERB ARGS`), so asking writes nothing on the host. Standard library only,
+like agent.py.
 
 Verbs (each prints one JSON document on stdout):
     probe WORKDIR COUNT   python, package versions (read from installed metadata: importing
@@ -7,6 +8,7 @@ Verbs (each prints one JSON document on stdout):
                           free TCP ports
     mesh SPEC             listen on this host's task ports, connect to the other tasks' ports,
                           report what answered; SPEC is JSON (see mesh())
+    ports COUNT           COUNT free TCP ports, distinct from each other
 """
 import json
 import os
@@ -47,9 +49,8 @@ def existing_ancestor(path):
 
 
 def free_ports(count):
-    """Ports the kernel calls free on every interface (TensorFlow binds *:port): the same probe
-    as agent.py's `ports`. Each file travels alone (this one on stdin, the agent in the run's
-    bundle), so neither can import the other."""
+    """Ports the kernel calls free on every interface (TensorFlow binds *:port). `inv check`
+    and the port choice of `inv train` both ask this, so both choose ports alike."""
     socks = []
     try:
         for _ in range(count):
@@ -182,6 +183,8 @@ def main(argv):
         out = probe(args[0], int(args[1]))
     elif verb == "mesh":
         out = mesh(json.loads(args[0]))
+    elif verb == "ports":
+        out = {"ports": free_ports(int(args[0]))}
     else:
         raise SystemExit("unknown verb %r" % verb)
     sys.stdout.write(json.dumps(out) + "\n")

@@ -18,10 +18,10 @@ from .inventory import Inventory
 from .planner import Options, plan_run
 from .plantext import plan_document
 from .push import PayloadPush
-from .records import FollowLock, record_document, write_record
+from .records import FollowLock, record_document, write_json, write_record
 from .restarts import Restarter
 from .finish import Finish, finish
-from .runner import Run, RunSettings, follow_to_end, new_run_id, write_json
+from .runner import Run, RunSettings, follow_to_end, new_run_id
 from .session import Session
 from .view import say
 

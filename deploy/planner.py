@@ -90,6 +90,10 @@ class RunPlan:
     def chief(self) -> TaskPlan:
         return self.tasks[0]
 
+    @property
+    def chief_host(self) -> HostPlan:
+        return next(h for h in self.hosts if self.chief in h.tasks)
+
 
 def endpoint(host: Host, port: int | None) -> str:
     return f"{host.tf_address}:{port if port is not None else '<port>'}"
@@ -257,6 +261,8 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                                stdin="tar.gz of run.json, the agent and the payload manifest"),
             receive=RemoteCommand(host_agent(host, rundir, "receive", cache_dir(host)),
                                   stdin="the payload files the host lacks, each headed by its sha256"),
-            ports=RemoteCommand(host_agent(host, rundir, "ports", str(host.workers + SPARE_PORTS))),
+            ports=RemoteCommand(join([quote_path(host.python), "-", "ports",
+                                      str(host.workers + SPARE_PORTS)]),
+                                stdin="deploy/hostcheck.py"),
             tasks=tuple(tasks), env_python=envpy))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

@@ -54,11 +54,15 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
     return doc
 
 
-def write_record(run_dir: Path, doc: dict) -> None:
-    """Atomically: a reader (another shell's `inv runs`) sees the old or the new record."""
-    tmp = run_dir / (RECORD_FILE + ".tmp")
+def write_json(path: Path, doc: dict) -> None:
+    """Atomically: a reader (another shell's `inv runs`) sees the old or the new file."""
+    tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, run_dir / RECORD_FILE)
+    os.replace(tmp, path)
+
+
+def write_record(run_dir: Path, doc: dict) -> None:
+    write_json(run_dir / RECORD_FILE, doc)
 
 
 def update_record(run_dir: Path, **fields) -> dict:

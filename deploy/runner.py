@@ -5,8 +5,6 @@ same way.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import secrets
 import signal
 import threading
@@ -272,8 +270,3 @@ def ignore_sigint():
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     return lambda: signal.signal(signal.SIGINT, previous)
 
-
-def write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)

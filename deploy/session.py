@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 from typing import Callable, Mapping
 
+from .checks import HOSTCHECK_SOURCE
 from .inventory import Host, Inventory
 from .parallel import HostsFailed, on_all, on_each
 from .planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command,
@@ -89,7 +90,8 @@ class Session:
         """A free port per task, distinct across the whole cluster: TensorFlow binds every
         interface, so two hosts that are one machine (a loopback lab) must not share one."""
         answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
-            t.run(hp.ports.line, timeout=60), hp.host, "port probe"))
+            t.run(hp.ports.line, stdin=HOSTCHECK_SOURCE.read_bytes(), timeout=60), hp.host,
+            "port probe"))
         try:
             chosen = assign_ports([(hp.host, len(hp.tasks)) for hp in plan.hosts],
                                   {name: answer["ports"] for name, answer in answers.items()})
@@ -141,7 +143,7 @@ class Session:
 
     def fetch_output(self, plan: RunPlan, into: Path) -> int:
         """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into`; return the number of files."""
-        hp = next(h for h in plan.hosts if plan.chief in h.tasks)
+        hp = plan.chief_host
         result = checked(self.transports[hp.host.name].run(
             fetch_output_command(hp.run_dir), timeout=600), hp.host, "fetching output")
         if not result.stdout:
@@ -155,7 +157,7 @@ class Session:
         """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
         bare machines; BackupAndRestore restores every worker from the chief's backup).
         Returns the size of the archive carried."""
-        chief = next(h for h in plan.hosts if plan.chief in h.tasks)
+        chief = plan.chief_host
         data = checked(self.transports[chief.host.name].run(
             fetch_backup_command(chief.run_dir), timeout=600), chief.host, "fetching the backup"
         ).stdout or _empty_tar_gz()

@@ -217,6 +217,12 @@ def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_d
     assert not (tmp_path / "not").exists()
 
 
+def test_ports_are_distinct_free_ports():
+    ports = hostcheck("ports", "3")["ports"]
+    assert len(ports) == 3 and len(set(ports)) == 3
+    assert all(isinstance(p, int) and 0 < p < 65536 for p in ports)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

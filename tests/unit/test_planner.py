@@ -188,7 +188,8 @@ def test_commands_name_the_run_dir_and_agent():
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     assert b.receive.line == f"{agent} receive {b.run_dir} /scratch/tf/cache"
     assert a.receive.line.endswith(" receive ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
-    assert b.ports.line == (f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} ports {b.run_dir} 5")
+    # The port probe is deploy/hostcheck.py on stdin, as `inv check` asks it.
+    assert b.ports.line == "~/venv/bin/python - ports 5"
     launch = plan.tasks[2].launch.line
     assert launch.startswith(f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} launch {b.run_dir} 2 "
                              f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")
