@@ -41,8 +41,7 @@ def finish(run: Run, how: str) -> int:
                     _drain_logs(run)
             problems += session.cleanup(plan).values()
     finally:
-        session.close()
-        run.close_logs()
+        run.close()
         restore()
     code = _exit_code(run, how, problems)
     console.print(summary_table(run.tasks))

@@ -93,8 +93,7 @@ def _all_running(run: Run) -> bool:
 
 def _detach(run: Run, settings: RunSettings) -> int:
     run.set_state("detached", controller_pid=None)
-    run.session.close()
-    run.close_logs()
+    run.close()
     rid, runs = run.plan.run_id, settings.runs_dir
     flag = "" if runs == Path("runs") else f" --runs-dir {runs}"
     run.console.print(f"run [bold]{rid}[/] is running detached on "

@@ -63,7 +63,7 @@ def status(runs_dir: Path, run_id: str | None, settings: RunSettings, console: C
         load_local_logs(run, None)
         run.catch_up(print_lines=False)
     finally:
-        run.session.close()
+        run.close()
     console.print(status_table(run.tasks, title))
     return 0
 
@@ -100,8 +100,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
             load_local_logs(run, run.show)
             if not follow:
                 run.catch_up()
-                run.session.close()
-                run.close_logs()
+                run.close()
                 return 0
             run.set_state("running", controller_pid=os.getpid())
             run.attempt = doc.get("attempt", 1)
@@ -109,8 +108,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
             follow_to_end(run, settings)
         except KeyboardInterrupt:
             # Ctrl-C here stops following, not the run: it was left running on purpose.
-            run.session.close()
-            run.close_logs()
+            run.close()
             run.set_state("detached", controller_pid=None)
             say(console, f"stopped following; run {doc['run_id']} goes on. "
                          f"Stop it with: inv down --run {doc['run_id']}", "yellow")

@@ -20,7 +20,7 @@ from .planner import RunPlan
 from .progress import TaskProgress
 from .records import update_record
 from .session import Session, StepFailed
-from .view import LiveView, failure_panel, prefixed, say
+from .view import LiveView, failure_panel, print_lines, say
 
 EXIT_INTERRUPTED = 130
 # Seconds beyond the grace period to wait for a follower's answer to a stop before stopping
@@ -77,9 +77,7 @@ class Run:
         if view:
             view.lines(task, lines)
         else:
-            for line in lines:
-                self.console.print(prefixed(task, line), markup=False, highlight=False,
-                                   soft_wrap=True)
+            print_lines(self.console, task, lines)
 
     def catch_up(self, print_lines: bool = True) -> None:
         """Read every task's log on the hosts from where the local copy ends, to its end."""
@@ -239,7 +237,10 @@ class Run:
         say(self.console, f"{task.name} failed: stopping the other tasks", "red")
         self.stop_tasks()
 
-    def close_logs(self) -> None:
+    def close(self) -> None:
+        """Drop the connections and close the local logs; the run itself goes on as it is."""
+        if self.session:
+            self.session.close()
         for log in self.logs.values():
             log.close()
 

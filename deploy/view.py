@@ -30,6 +30,11 @@ def prefixed(task: TaskProgress, line: str) -> Text:
     return text
 
 
+def print_lines(console: Console, task: TaskProgress, lines: list[str]) -> None:
+    for line in lines:
+        console.print(prefixed(task, line), markup=False, highlight=False, soft_wrap=True)
+
+
 def state_text(task: TaskProgress) -> Text:
     if task.state == "exited":
         return Text(f"exit {task.code}", style="green" if task.code == 0 else "bold red")
@@ -69,9 +74,7 @@ class LiveView:
             self.live.stop()
 
     def lines(self, task: TaskProgress, lines: list[str]) -> None:
-        for line in lines:
-            self.console.print(prefixed(task, line), markup=False, highlight=False,
-                               soft_wrap=True)
+        print_lines(self.console, task, lines)
 
     def refresh(self) -> None:
         if self.live.is_started:
