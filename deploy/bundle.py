@@ -11,8 +11,10 @@ import io
 import json
 import os
 import tarfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .hashcache import HashCache
 from .hostcache import END, INLINE_DIR, MAGIC
@@ -103,23 +105,51 @@ def stage_tar(run_id: str, files: tuple[FileEntry, ...], riders: list[FileEntry]
     return buf.getvalue()
 
 
-def files_stream(payload: Path, files: tuple[FileEntry, ...], wanted: set[str]) -> bytes:
+class FileStream:
     """The content of every file whose hash is in `wanted`, once per hash, framed as
-    hostcache.py reads it. Not compressed: payloads that matter for speed are mostly data and
-    weights. A file changed since it was hashed is caught here (or by the host's check)."""
-    parts = [MAGIC]
-    sent: set[str] = set()
-    for f in files:
-        if f.sha256 in wanted and f.sha256 not in sent:
-            sent.add(f.sha256)
-            data = (payload / f.path).read_bytes()
-            if len(data) != f.size:
-                raise BundleError(f"{payload / f.path} changed while it was being pushed")
-            parts += [f"{f.sha256} {f.size}\n".encode(), data]
-    missing = wanted - sent
-    if missing:
-        raise BundleError(f"the host asked for content not in the payload: {sorted(missing)[:3]}")
-    return b"".join(parts + [END])
+    hostcache.py reads it: MAGIC, then per file a line "<sha256> <size>" and its bytes, END.
+    Iterating gives the pieces in order without joining them; each file is read from disk once
+    however many hosts iterate the same stream, each at its own pace, from their own threads.
+    Not compressed: payloads that matter for speed are mostly data and weights. A file changed
+    since it was hashed is caught here (or by the host's check)."""
+
+    def __init__(self, payload: Path, files: tuple[FileEntry, ...], wanted: set[str]):
+        self.payload = payload
+        self.order: list[FileEntry] = []
+        seen: set[str] = set()
+        for f in files:
+            if f.sha256 in wanted and f.sha256 not in seen:
+                seen.add(f.sha256)
+                self.order.append(f)
+        missing = wanted - seen
+        if missing:
+            raise BundleError(f"the host asked for content not in the payload: "
+                              f"{sorted(missing)[:3]}")
+        self.size = sum(f.size for f in self.order)
+        self._read: list[bytes] = []
+        self._lock = threading.Lock()
+
+    def _content(self, i: int) -> bytes:
+        with self._lock:
+            while len(self._read) <= i:
+                f = self.order[len(self._read)]
+                data = (self.payload / f.path).read_bytes()
+                if len(data) != f.size:
+                    raise BundleError(f"{self.payload / f.path} changed while it was being pushed")
+                self._read.append(data)
+            return self._read[i]
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield MAGIC
+        for i, f in enumerate(self.order):
+            yield f"{f.sha256} {f.size}\n".encode()
+            yield self._content(i)
+        yield END
+
+
+def files_stream(payload: Path, files: tuple[FileEntry, ...], wanted: set[str]) -> bytes:
+    """FileStream as one bytes object."""
+    return b"".join(FileStream(payload, files, wanted))
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -93,7 +93,7 @@ def receive(rundir, cache, stream):
     os.makedirs(os.path.join(cache, "files"), exist_ok=True)
     if stream.readline() != MAGIC:
         raise CacheError("the file stream does not start with %r" % MAGIC)
-    received, total = [], 0
+    received, total, buf = [], 0, bytearray(CHUNK)
     while True:
         line = stream.readline(200)
         if line == END:
@@ -105,31 +105,53 @@ def receive(rundir, cache, stream):
             raise CacheError("file stream cut short or garbled at %r" % line[:80]) from None
         if expected.get(digest) != size:
             raise CacheError("unexpected file %s (%d bytes) in the stream" % (digest, size))
-        total += _store(cache, tmpdir, digest, stream, size)
+        total += _store(cache, tmpdir, digest, stream, size, buf)
         received.append(digest)
     return {"received": received, "bytes": total, "files": assemble(rundir, cache, files)}
 
 
-def _store(cache, tmpdir, digest, source, size):
-    fd, tmp = tempfile.mkstemp(prefix=digest[:16] + ".", dir=tmpdir)
+def _store(cache, tmpdir, digest, source, size, buf=None):
+    """Copy `size` bytes of `source` into the cache as `digest`, hashing while writing; the file
+    enters files/ only when the hash matched. One reused buffer, written straight to the file
+    descriptor: no new bytes object per chunk."""
+    view = memoryview(buf if buf is not None else bytearray(min(CHUNK, max(size, 1))))
+    tmp = os.path.join(tmpdir, "%s.%d" % (digest[:16], os.getpid()))
+    fd = _create(tmp)
     try:
         hasher, left = hashlib.sha256(), size
-        with os.fdopen(fd, "wb") as out:
+        try:
             while left:
-                chunk = source.read(min(CHUNK, left))
-                if not chunk:
+                n = source.readinto(view[:min(len(view), left)])
+                if not n:
                     raise CacheError("file stream cut short in %s" % digest)
-                hasher.update(chunk)
-                out.write(chunk)
-                left -= len(chunk)
+                hasher.update(view[:n])
+                _write_all(fd, view[:n])
+                left -= n
+        finally:
+            os.close(fd)
         if hasher.hexdigest() != digest:
             raise CacheError("content of %s arrived with hash %s" % (digest, hasher.hexdigest()))
-        os.chmod(tmp, 0o444)
         os.replace(tmp, cached(cache, digest))
         return size
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _create(path):
+    """A new read-only file open for writing (the mode is set at creation: no chmod after).
+    A leftover of an earlier receipt by a process with the same pid is replaced."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, 0o444)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, flags, 0o444)
+
+
+def _write_all(fd, view):
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def assemble(rundir, cache, files):

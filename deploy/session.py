@@ -9,7 +9,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .checks import HOSTCHECK_SOURCE
 from .inventory import Host, Inventory
@@ -65,7 +65,8 @@ class Session:
         return on_all(name, plans, lambda hp: hp.host.name,
                       lambda hp: step(hp, self.transports[hp.host.name]))
 
-    def push(self, plan: RunPlan, stage: bytes, content: Callable[[frozenset[str]], bytes],
+    def push(self, plan: RunPlan, stage: bytes,
+             content: Callable[[frozenset[str]], bytes | Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
              ) -> dict[str, dict]:
         """Two steps on every host: the stage (identity, agent, manifest, small recent files)

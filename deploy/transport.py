@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterable, Protocol, Union
 
 import paramiko
 from fabric import Connection
@@ -19,7 +19,23 @@ from fabric import Connection
 from . import hostkeys
 from .inventory import Host
 
-SEND_SLICE = 256 << 10
+# What a command reads on stdin: bytes, or pieces of bytes sent in order as they come (a
+# large stream need never be joined in memory).
+Stdin = Union[bytes, Iterable[bytes]]
+
+
+def pieces(stdin: Stdin) -> Iterable[bytes]:
+    return (stdin,) if isinstance(stdin, (bytes, bytearray, memoryview)) else stdin
+
+
+class GcmFirstTransport(paramiko.Transport):
+    """paramiko's transport with AES-GCM offered before its usual first choice, AES-CTR with
+    HMAC-SHA2: one AEAD call per packet instead of a cipher pass plus an HMAC built in Python
+    (measured here: 20-25 % less controller CPU per byte sent). Servers without GCM (it came
+    with OpenSSH 6.2) still get the other ciphers, in paramiko's order."""
+    _preferred_ciphers = (
+        *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" in c),
+        *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c))
 
 
 @dataclass(frozen=True)
@@ -40,7 +56,7 @@ class TransportError(Exception):
 class Transport(Protocol):
     host: Host
 
-    def run(self, line: str, stdin: bytes = b"", timeout: float | None = 60.0) -> CommandResult: ...
+    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult: ...
 
     def stream(self, line: str) -> "LineStream": ...
 
@@ -113,9 +129,10 @@ class LocalTransport:
     def __init__(self, host: Host):
         self.host = host
 
-    def run(self, line: str, stdin: bytes = b"", timeout: float | None = 60.0) -> CommandResult:
+    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
         try:
-            done = subprocess.run(["/bin/sh", "-c", line], input=stdin, capture_output=True,
+            done = subprocess.run(["/bin/sh", "-c", line], input=b"".join(pieces(stdin)),
+                                  capture_output=True,
                                   timeout=timeout, cwd=os.path.expanduser("~"))
         except subprocess.TimeoutExpired:
             raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
@@ -134,6 +151,7 @@ class SshTransport:
         kwargs = {}
         if host.identity_file:
             kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
+        kwargs["transport_factory"] = GcmFirstTransport
         self.connection = Connection(host=host.address, user=host.user, port=host.port,
                                      connect_timeout=connect_timeout, connect_kwargs=kwargs)
         hostkeys.configure(self.connection.client, host.label, host.known_hosts, host.port,
@@ -167,16 +185,12 @@ class SshTransport:
         except (paramiko.SSHException, AttributeError, EOFError, OSError) as exc:
             raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
 
-    def run(self, line: str, stdin: bytes = b"", timeout: float | None = 60.0) -> CommandResult:
+    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
         channel = self._channel()
         try:
             channel.settimeout(timeout)
             channel.exec_command(line)
-            # In slices: paramiko's sendall re-copies the unsent rest after every packet, which
-            # is quadratic in the size (100 MB took minutes instead of seconds).
-            view = memoryview(stdin)
-            for start in range(0, len(view), SEND_SLICE):
-                channel.sendall(view[start:start + SEND_SLICE].tobytes())
+            _send_all(channel, pieces(stdin))
             channel.shutdown_write()
             # Our commands write little to stderr, so reading stdout first cannot stall.
             out = channel.makefile("rb").read()
@@ -197,6 +211,20 @@ class SshTransport:
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _send_all(channel: paramiko.Channel, stdin: Iterable[bytes]) -> None:
+    """Send every piece through memoryviews: paramiko's sendall re-copies the unsent rest after
+    every packet (quadratic in the size), and a bytes copy per slice costs as much as the
+    encryption. A command that stops reading (it failed) closes the channel: sending stops and
+    its exit code and message are what the caller gets."""
+    for piece in stdin:
+        view = memoryview(piece)
+        while view:
+            sent = channel.send(view)
+            if not sent:
+                return
+            view = view[sent:]
 
 
 def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:
