@@ -9,6 +9,11 @@ that, assemble payload/ on every host; it is timed from before the SSH connectio
 of the push. rsync runs as four `rsync -a -e "ssh ..."` processes in parallel, one per host,
 strict about host keys as we are. Prints each time, the medians and the ratios ours / rsync.
 
+Also the CPU seconds each side used (medians), which move much less with the machine's load than
+the times do: this machine (the controller process, or rsync's local rsync and ssh processes)
+and the hosts (every sshd session with what it ran, read from the lab's sshd listeners once
+they reaped them). Our teardown of the run directory is left out of both.
+
     python benchmarks/bench_push.py [--repeats 3] [--files 1000] [--megabytes 100]
 """
 from __future__ import annotations
@@ -50,8 +55,23 @@ def make_payload(root: Path, files: int, total: int) -> None:
         (root / "data" / f"part-{i:04d}.bin").write_bytes(os.urandom(size))
 
 
-def ours(inventory: Path, payload: Path, hashes: Path) -> float:
+def host_cpu(lab: SshLab) -> float:
+    """CPU seconds of every sshd session the lab's listeners have reaped (with its children)."""
+    total = 0
+    for pid in lab.pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[13]) + int(fields[14])            # cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def local_cpu(children: bool) -> float:
+    t = os.times()
+    return t.children_user + t.children_system if children else t.user + t.system
+
+
+def ours(lab: SshLab, inventory: Path, payload: Path, hashes: Path) -> tuple[float, float, float]:
     quiet = Console(file=open(os.devnull, "w"))
+    cpu, hosts = local_cpu(False), host_cpu(lab)
     started = time.monotonic()
     inv = load_inventory(str(inventory))
     run_id = new_run_id()
@@ -61,15 +81,29 @@ def ours(inventory: Path, payload: Path, hashes: Path) -> float:
     try:
         push.send(session, plan, quiet)
         elapsed = time.monotonic() - started
+        cpu = local_cpu(False) - cpu
+    finally:
+        session.close()
+    hosts = reaped(lab) - hosts
+    session = Session.open(inv, 10.0, False)
+    try:
         problems = session.cleanup(plan)          # the run dir goes; the cache stays
         if problems:
             raise SystemExit(f"cleanup: {problems}")
     finally:
         session.close()
-    return elapsed
+    reaped(lab)
+    return elapsed, cpu, hosts
 
 
-def rsync(lab: SshLab, payload: Path) -> float:
+def reaped(lab: SshLab) -> float:
+    """host_cpu once the sessions just closed have ended and been reaped."""
+    time.sleep(0.3)
+    return host_cpu(lab)
+
+
+def rsync(lab: SshLab, payload: Path) -> tuple[float, float, float]:
+    cpu, hosts = local_cpu(True), host_cpu(lab)
     started = time.monotonic()
     procs = []
     for host in lab.hosts:
@@ -78,9 +112,10 @@ def rsync(lab: SshLab, payload: Path) -> float:
         dest = f"{lab.user}@{host.address}:{host.workdir}/rsync-target/"
         procs.append(subprocess.Popen(["rsync", "-a", "-e", ssh, f"{payload}/", dest]))
     codes = [p.wait() for p in procs]
+    elapsed = time.monotonic() - started
     if any(codes):
         raise SystemExit(f"rsync failed: {codes}")
-    return time.monotonic() - started
+    return elapsed, local_cpu(True) - cpu, reaped(lab) - hosts
 
 
 def reset(lab: SshLab, hashes: Path) -> None:
@@ -102,8 +137,8 @@ def main() -> None:
     opts = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, so the lab's sshd servers are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    times: dict[tuple[str, str], list[float]] = {(c, s): [] for c in CASES
-                                                 for s in ("ours", "rsync")}
+    times: dict[tuple[str, str], list[tuple[float, float, float]]] = {
+        (c, s): [] for c in CASES for s in ("ours", "rsync")}
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp, \
             SshLab(Path(tmp) / "lab", first_octet=FIRST_OCTET) as lab:
         lab.start(HOSTS)
@@ -122,14 +157,20 @@ def main() -> None:
                 # Alternate which side goes first, so caches warmed by one do not favour it.
                 order = ("ours", "rsync") if repeat % 2 == 0 else ("rsync", "ours")
                 for side in order:
-                    elapsed = ours(inventory, payload, hashes) if side == "ours" else rsync(lab, payload)
-                    times[(case, side)].append(elapsed)
+                    times[(case, side)].append(ours(lab, inventory, payload, hashes)
+                                               if side == "ours" else rsync(lab, payload))
         for case in CASES:
             o, r = times[(case, "ours")], times[(case, "rsync")]
-            mo, mr = statistics.median(o), statistics.median(r)
-            print(f"{case:17s} ours  " + " ".join(f"{t:.2f}" for t in o) + f" s; median {mo:.2f} s")
-            print(f"{'':17s} rsync " + " ".join(f"{t:.2f}" for t in r) + f" s; median {mr:.2f} s")
+            mo, mr = (statistics.median(t for t, _, _ in side) for side in (o, r))
+            print(f"{case:17s} ours  " + " ".join(f"{t:.2f}" for t, _, _ in o)
+                  + f" s; median {mo:.2f} s")
+            print(f"{'':17s} rsync " + " ".join(f"{t:.2f}" for t, _, _ in r)
+                  + f" s; median {mr:.2f} s")
             print(f"{'':17s} ratio ours / rsync: {mo / mr:.2f}x")
+            for name, side in (("ours", o), ("rsync", r)):
+                here, hosts = (statistics.median(x[i] for x in side) for i in (1, 2))
+                print(f"{'':17s} cpu {name:5s} here {here:.2f} s, hosts {hosts:.2f} s "
+                      f"(medians)")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ Verbs (each prints one JSON document on stdout):
     stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
     want RUNDIR CACHE                   hashes of manifest.json missing from the file cache
-    receive RUNDIR CACHE                tar of those files on stdin: verify, cache, assemble
-                                        payload/ (both in tfdeploy_cache.py, beside this file)
+    receive RUNDIR CACHE                those files on stdin: verify, cache, assemble payload/
+    push RUNDIR CACHE                   want, answered as a line; then receive on the same
+                                        stdin (all three in tfdeploy_cache.py, beside this file)
 """
 import base64
 import json
@@ -361,7 +362,7 @@ def main(argv):
         out = stop(args[0], float(args[1]))
     elif verb == "cleanup":
         out = cleanup(args[0], float(args[1]))
-    elif verb in ("want", "receive"):
+    elif verb in ("push", "want", "receive"):
         import tfdeploy_cache
         out = tfdeploy_cache.main(verb, args)
     elif verb in ("envstatus", "setup"):

@@ -147,6 +147,12 @@ class FileStream:
         yield END
 
 
+def framed(stage: bytes) -> bytes:
+    """The stage as the push command reads it (planner.PUSH_BOOTSTRAP): its length on a line,
+    then the tar.gz, so that the files can follow on the same stdin."""
+    return b"%d\n" % len(stage) + stage
+
+
 def files_stream(payload: Path, files: tuple[FileEntry, ...], wanted: set[str]) -> bytes:
     """FileStream as one bytes object."""
     return b"".join(FileStream(payload, files, wanted))

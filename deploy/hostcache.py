@@ -191,11 +191,25 @@ def _link(source, dest):
         return False
 
 
+def push(rundir, cache, stdin, stdout):
+    """`want`, answered at once as a line on `stdout`; then, unless payload/ was assembled
+    already, `receive` of exactly the missing files from the same `stdin`: one command per
+    push (the stage was unpacked by the command's bootstrap, deploy/planner.py)."""
+    answer = want(rundir, cache)
+    stdout.write(json.dumps(answer) + "\n")
+    stdout.flush()
+    if answer.get("assembled"):
+        return None
+    return receive(rundir, cache, stdin)
+
+
 def main(verb, args):
     rundir, cache = args[0], os.path.expanduser(args[1])
     try:
         if verb == "want":
             return want(rundir, cache)
+        if verb == "push":
+            return push(rundir, cache, sys.stdin.buffer, sys.stdout)
         return receive(rundir, cache, sys.stdin.buffer)
     except (CacheError, OSError, ValueError, KeyError) as exc:
         raise SystemExit("payload %s: %s" % (verb, exc))

@@ -18,6 +18,15 @@ MANIFEST_FILE = "manifest.json"
 PAYLOAD_DIR = "payload"
 OUTPUT_DIR = "output"
 BACKUP_DIR = "backup"
+# The push, run by the host's python as `-c` before the agent is there: read the stage (a line
+# with its length, then the tar.gz), unpack it into the run dir, and hand over to the agent's
+# `push` verb, which answers what the cache lacks and then reads exactly that on the same
+# stdin. One command per host: every command costs the host a login shell.
+PUSH_BOOTSTRAP = (
+    'import io,os,sys,tarfile;d=sys.argv[1];i=sys.stdin.buffer;os.makedirs(d,exist_ok=True);'
+    'tarfile.open(fileobj=io.BytesIO(i.read(int(i.readline()))),mode="r:gz").extractall('
+    'd,**({"filter":"data"} if hasattr(tarfile,"data_filter") else {}));'
+    'sys.path.insert(0,d);import tfdeploy_agent;tfdeploy_agent.main(["push"]+sys.argv[1:])')
 # Ports probed beyond a host's own tasks, so that ports already given to another host that is
 # really the same machine can be skipped without asking again.
 SPARE_PORTS = 4
@@ -70,7 +79,6 @@ class HostPlan:
     host: Host
     run_dir: str
     push: RemoteCommand
-    receive: RemoteCommand
     ports: RemoteCommand
     tasks: tuple[TaskPlan, ...]
     env_python: str | None = None     # used when it exists on the host, else host.python
@@ -253,14 +261,13 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                 env=task_env(host, run_id, rundir, config, index, len(slots), gpus,
                              options.backup),
                 launch=RemoteCommand(launch, stdin="environment as JSON"), gpus=gpus))
-        quoted = quote_path(rundir)
-        want = host_agent(host, rundir, "want", cache_dir(host))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
-            push=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted} && {want}",
-                               stdin="tar.gz of run.json, the agent and the payload manifest"),
-            receive=RemoteCommand(host_agent(host, rundir, "receive", cache_dir(host)),
-                                  stdin="the payload files the host lacks, each headed by its sha256"),
+            push=RemoteCommand(
+                join([quote_path(host.python), "-c", quote(PUSH_BOOTSTRAP), quote_path(rundir),
+                      quote_path(cache_dir(host))]),
+                stdin="tar.gz of run.json, the agent and the payload manifest; after the "
+                      "host's answer, the files it lacks, each headed by its sha256"),
             ports=RemoteCommand(join([quote_path(host.python), "-", "ports",
                                       str(host.workers + SPARE_PORTS)]),
                                 stdin="deploy/hostcheck.py"),

@@ -21,7 +21,6 @@ def plan_document(plan: RunPlan) -> dict:
             "run_dir": hp.run_dir,
             **({"env_python": hp.env_python} if hp.env_python else {}),
             "push": str(hp.push),
-            "receive": str(hp.receive),
             "ports": str(hp.ports),
             "tasks": [{
                 "task": t.name,
@@ -47,7 +46,7 @@ def plan_text(plan: RunPlan) -> str:
         where = "local subprocesses" if host.transport == "local" else (
             f"ssh {host.user + '@' if host.user else ''}{host.address}:{host.port}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
-                  f"  push:   {hp.push}", f"  send:   {hp.receive}", f"  ports:  {hp.ports}"]
+                  f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
         if hp.env_python:
             lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
         for t in hp.tasks:

@@ -11,12 +11,13 @@ import tarfile
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from .bundle import framed
 from .checks import HOSTCHECK_SOURCE
 from .inventory import Host, Inventory
 from .parallel import HostsFailed, on_all, on_each
 from .planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command,
                       fetch_output_command, poll_command, replace_backup_command, stop_command)
-from .transport import CommandResult, Transport, connect
+from .transport import CommandResult, Exchange, Transport, connect
 
 
 class StepFailed(Exception):
@@ -69,23 +70,39 @@ class Session:
              content: Callable[[frozenset[str]], bytes | Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
              ) -> dict[str, dict]:
-        """Two steps on every host: the stage (identity, agent, manifest, small recent files)
-        answers which file contents the host's cache still lacks; then exactly those travel and
-        the host assembles payload/ (a host that lacks nothing has done so in the first step).
-        Returns each host's record: missing hashes, received (both steps), files."""
-        wants = self._all("pushing the payload", plan.hosts, lambda hp, t: agent_json(
-            t.run(hp.push.line, stdin=stage, timeout=120), hp.host, "payload push"))
-        on_answers(wants)
+        """One command per host, in two steps: the stage (identity, agent, manifest, small
+        recent files) is answered with the file contents the host's cache still lacks; then,
+        on the same stdin, exactly those travel and the host assembles payload/ (a host that
+        lacks nothing has done so at its answer). Returns each host's record: missing hashes,
+        received (both steps), files."""
+        first = framed(stage)
+        exchanges: dict[str, Exchange] = {}
+
+        def ask(hp: HostPlan, t: Transport) -> dict:
+            exchanges[hp.host.name] = exchange = t.exchange(hp.push.line, timeout=120)
+            exchange.send(first)
+            line = exchange.readline()
+            if not line:                     # it ended without an answer: say why
+                checked(exchange.finish(), hp.host, "payload push")
+            return agent_json(CommandResult(0, line, b""), hp.host, "payload push")
 
         def send(hp: HostPlan, t: Transport) -> dict:
-            want = wants[hp.host.name]
+            want, exchange = wants[hp.host.name], exchanges[hp.host.name]
             if want.get("assembled"):
+                checked(exchange.finish(), hp.host, "payload push")
                 return want
-            answer = agent_json(t.run(hp.receive.line, stdin=content(frozenset(want["missing"])),
-                                      timeout=1800), hp.host, "sending payload files")
+            exchange.settimeout(1800)
+            exchange.send(content(frozenset(want["missing"])))
+            answer = agent_json(exchange.finish(), hp.host, "sending payload files")
             return {**answer, "missing": want["missing"],
                     "received": want["received"] + answer["received"]}
-        return self._all("sending payload files", plan.hosts, send)
+        try:
+            wants = self._all("pushing the payload", plan.hosts, ask)
+            on_answers(wants)
+            return self._all("sending payload files", plan.hosts, send)
+        finally:
+            for exchange in exchanges.values():
+                exchange.close()
 
     def free_ports(self, plan: RunPlan) -> dict[int, int]:
         """A free port per task, distinct across the whole cluster: TensorFlow binds every

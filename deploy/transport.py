@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Union
 
@@ -58,7 +59,24 @@ class Transport(Protocol):
 
     def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult: ...
 
+    def exchange(self, line: str, timeout: float | None = 60.0) -> "Exchange": ...
+
     def stream(self, line: str) -> "LineStream": ...
+
+    def close(self) -> None: ...
+
+
+class Exchange(Protocol):
+    """A command that is answered while its stdin is still open: send, read a line of its
+    answer, send more, then finish() for the rest of its output and its exit code."""
+
+    def settimeout(self, timeout: float | None) -> None: ...
+
+    def send(self, stdin: Stdin) -> None: ...
+
+    def readline(self) -> bytes: ...
+
+    def finish(self) -> CommandResult: ...
 
     def close(self) -> None: ...
 
@@ -104,6 +122,105 @@ class LocalStream:
             pass
 
 
+class LocalExchange:
+    def __init__(self, line: str, label: str):
+        self.label = label
+        self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, cwd=os.path.expanduser("~"))
+        self.timeout: float | None = None
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def send(self, stdin: Stdin) -> None:
+        try:
+            for piece in pieces(stdin):
+                self.proc.stdin.write(piece)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it stopped reading (failed): finish() tells why
+
+    def readline(self) -> bytes:
+        return self.proc.stdout.readline()
+
+    def finish(self) -> CommandResult:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        # Our commands write little to stderr, so reading stdout first cannot stall.
+        out, err = self.proc.stdout.read(), self.proc.stderr.read()
+        try:
+            code = self.proc.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            raise TransportError(f"{self.label}: command timed out after {self.timeout:g} s") from None
+        return CommandResult(code, out, err)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class SshExchange:
+    def __init__(self, channel: paramiko.Channel, label: str, timeout: float | None):
+        self.channel, self.label = channel, label
+        self.channel.settimeout(timeout)
+        self.timeout = timeout
+        self.out = channel.makefile("rb")
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.channel.settimeout(timeout)
+
+    @contextmanager
+    def _errors(self):
+        try:
+            yield
+        except socket.timeout:
+            raise TransportError(f"{self.label}: command timed out after {self.timeout:g} s") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def send(self, stdin: Stdin) -> None:
+        """Every piece through memoryviews: paramiko's sendall re-copies the unsent rest after
+        every packet (quadratic in the size), and a bytes copy per slice costs as much as the
+        encryption. A command that stopped reading (it failed) closes the channel: sending
+        stops, and finish() gives its exit code and message."""
+        with self._errors():
+            for piece in pieces(stdin):
+                view = memoryview(piece)
+                while view:
+                    sent = self.channel.send(view)
+                    if not sent:
+                        return
+                    view = view[sent:]
+
+    def readline(self) -> bytes:
+        with self._errors():
+            return self.out.readline()
+
+    def finish(self) -> CommandResult:
+        with self._errors():
+            self.channel.shutdown_write()
+            # Our commands write little to stderr, so reading stdout first cannot stall.
+            out = self.out.read()
+            err = self.channel.makefile_stderr("rb").read()
+            return CommandResult(self.channel.recv_exit_status(), out, err)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 class SshStream:
     def __init__(self, channel: paramiko.Channel, label: str):
         self.channel, self.label = channel, label
@@ -137,6 +254,11 @@ class LocalTransport:
         except subprocess.TimeoutExpired:
             raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
         return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
+        exchange = LocalExchange(line, self.host.label)
+        exchange.settimeout(timeout)
+        return exchange
 
     def stream(self, line: str) -> LineStream:
         return LocalStream(line)
@@ -186,22 +308,21 @@ class SshTransport:
             raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
 
     def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
+        exchange = self.exchange(line, timeout)
+        try:
+            exchange.send(stdin)
+            return exchange.finish()
+        finally:
+            exchange.close()
+
+    def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
         channel = self._channel()
         try:
-            channel.settimeout(timeout)
             channel.exec_command(line)
-            _send_all(channel, pieces(stdin))
-            channel.shutdown_write()
-            # Our commands write little to stderr, so reading stdout first cannot stall.
-            out = channel.makefile("rb").read()
-            err = channel.makefile_stderr("rb").read()
-            return CommandResult(channel.recv_exit_status(), out, err)
-        except socket.timeout:
-            raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
-        finally:
             channel.close()
+            raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
+        return SshExchange(channel, self.host.label, timeout)
 
     def stream(self, line: str) -> LineStream:
         channel = self._channel()
@@ -211,20 +332,6 @@ class SshTransport:
 
     def close(self) -> None:
         self.connection.close()
-
-
-def _send_all(channel: paramiko.Channel, stdin: Iterable[bytes]) -> None:
-    """Send every piece through memoryviews: paramiko's sendall re-copies the unsent rest after
-    every packet (quadratic in the size), and a bytes copy per slice costs as much as the
-    encryption. A command that stops reading (it failed) closes the channel: sending stops and
-    its exit code and message are what the caller gets."""
-    for piece in stdin:
-        view = memoryview(piece)
-        while view:
-            sent = channel.send(view)
-            if not sent:
-                return
-            view = view[sent:]
 
 
 def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:

@@ -23,6 +23,7 @@ import pytest
 
 from procs import processes_of_run, wait_until_gone
 
+from deploy.bundle import framed
 from deploy.push import PayloadPush
 from deploy.inventory import EnvValue, Inventory, parse_inventory
 from deploy.planner import (Options, cleanup_command, fetch_output_command, plan_run,
@@ -304,7 +305,7 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     transport = LocalTransport(host)
 
     push = PayloadPush(payload, "train.py", run_id)
-    pushed = transport.run(hp.push.line, stdin=push.stage)
+    pushed = transport.run(hp.push.line, stdin=framed(push.stage))
     assert pushed.code == 0, pushed.stderr
     # A small new file rides along with the manifest: one round trip assembles the payload.
     answer = json.loads(pushed.stdout)

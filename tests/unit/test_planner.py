@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from deploy.inventory import load_inventory, parse_inventory
-from deploy.planner import (AGENT_FILE, Options, cleanup_command, plan_run, poll_command,
-                            stop_command)
+from deploy.planner import (AGENT_FILE, PUSH_BOOTSTRAP, Options, cleanup_command, plan_run,
+                            poll_command, stop_command)
 from deploy.plantext import plan_document, plan_text
+from deploy.shell import quote
 
 GOLDEN = Path(__file__).with_name("golden")
 REPO = Path(__file__).resolve().parents[2]
@@ -183,11 +184,12 @@ def test_commands_name_the_run_dir_and_agent():
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
     agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
-    assert b.push.line == (f"mkdir -p {b.run_dir} && tar -xzf - -C {b.run_dir} && "
-                           f"{agent} want {b.run_dir} /scratch/tf/cache")
+    # One command per host: the bootstrap unpacks the stage, the agent answers and receives.
+    assert b.push.line == (f"~/venv/bin/python -c {quote(PUSH_BOOTSTRAP)} {b.run_dir} "
+                           "/scratch/tf/cache")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
-    assert b.receive.line == f"{agent} receive {b.run_dir} /scratch/tf/cache"
-    assert a.receive.line.endswith(" receive ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
+    # A ~/ workdir stays unquoted so that the host expands its own home.
+    assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
     # The port probe is deploy/hostcheck.py on stdin, as `inv check` asks it.
     assert b.ports.line == "~/venv/bin/python - ports 5"
     launch = plan.tasks[2].launch.line
@@ -196,8 +198,6 @@ def test_commands_name_the_run_dir_and_agent():
     assert stop_command(b.host, b.run_dir, 2.5).endswith(f" stop {b.run_dir} 2.5")
     assert poll_command(b.host, b.run_dir, {2: 10}).endswith(f" poll {b.run_dir} 2:10")
     assert f"cleanup {b.run_dir} 3" in cleanup_command(b.host, b.run_dir, 3.0)
-    # A ~/ workdir stays unquoted so that the host expands its own home.
-    assert a.push.line.startswith("mkdir -p ~/.tfdeploy/runs/")
 
 
 @pytest.mark.parametrize("name", ["lab", "lab_ports"])

@@ -1,0 +1,89 @@
+"""The push as the controller drives it (deploy/push.py, Session.push), on a local host: one
+command per host, which answers what its cache lacks and then reads exactly that on the same
+stdin."""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from deploy.inventory import parse_inventory
+from deploy.parallel import HostsFailed
+from deploy.planner import Options, plan_run
+from deploy.push import PayloadPush
+from deploy.session import Session
+from deploy.transport import LocalTransport
+
+
+class CountingTransport(LocalTransport):
+    """A local host that counts the commands it is given."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.commands = 0
+
+    def run(self, *args, **kwargs):
+        self.commands += 1
+        return super().run(*args, **kwargs)
+
+    def exchange(self, *args, **kwargs):
+        self.commands += 1
+        return super().exchange(*args, **kwargs)
+
+
+@pytest.fixture
+def lab(tmp_path):
+    payload = tmp_path / "payload"
+    (payload / "data").mkdir(parents=True)
+    (payload / "train.py").write_text("print('hi')\n")
+    (payload / "data" / "weights.bin").write_bytes(bytes(range(256)) * 8192)    # 2 MiB
+    inventory = parse_inventory(
+        f"hosts:\n  - {{name: h, transport: local, workdir: '{tmp_path / 'work dir'}', "
+        f"python: '{sys.executable}'}}\n", "h.yaml", environ={})
+    transport = CountingTransport(inventory.hosts[0])
+    return payload, inventory, transport, tmp_path / "hashes.json"
+
+
+def push(payload: Path, inventory, transport, hashes: Path, run_id: str):
+    pushing = PayloadPush(payload, "train.py", run_id, hash_cache=hashes)
+    plan = plan_run(inventory, Options(payload=str(payload)), run_id)
+    record = pushing.send(Session({"h": transport}), plan, Console(file=open("/dev/null", "w")))
+    return record["hosts"]["h"], Path(plan.hosts[0].run_dir)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_what_the_cache_lacks_travels_on_the_same_command(lab):
+    payload, inventory, transport, hashes = lab
+    answer, rundir = push(payload, inventory, transport, hashes, "20260101-000000-aaaaaa")
+    big = sha((payload / "data" / "weights.bin").read_bytes())
+    # The small new file rode along with the manifest; the big one was asked for and sent.
+    assert answer["missing"] == [big]
+    assert sorted(answer["received"]) == sorted([big, sha(b"print('hi')\n")])
+    assert answer["bytes"] == 2 * 1024 * 1024 and answer["files"] == 2
+    assert transport.commands == 1
+    assert (rundir / "payload" / "data" / "weights.bin").read_bytes() == (
+        payload / "data" / "weights.bin").read_bytes()
+
+    again, rundir = push(payload, inventory, transport, hashes, "20260101-000000-bbbbbb")
+    assert again == {"missing": [], "received": [], "files": 2, "assembled": True}
+    assert transport.commands == 2
+    assert (rundir / "payload" / "train.py").read_text() == "print('hi')\n"
+
+
+def test_a_file_changed_while_it_is_pushed_leaves_no_payload(lab):
+    payload, inventory, transport, hashes = lab
+    pushing = PayloadPush(payload, "train.py", "20260101-000000-cccccc", hash_cache=hashes)
+    (payload / "data" / "weights.bin").write_bytes(b"shorter")        # after it was hashed
+    plan = plan_run(inventory, Options(payload=str(payload)), "20260101-000000-cccccc")
+    with pytest.raises(HostsFailed, match="changed while it was being pushed"):
+        pushing.send(Session({"h": transport}), plan, Console(file=open("/dev/null", "w")))
+    rundir = Path(plan.hosts[0].run_dir)
+    assert (rundir / "manifest.json").exists() and not (rundir / "payload").exists()
+    cached = {p.name for p in (rundir.parents[1] / "cache" / "files").iterdir()}
+    assert cached == {sha(b"print('hi')\n")}                  # only verified content
