@@ -2,8 +2,9 @@
 
 The stage: a small tar.gz with the run's identity, the agent and the payload's manifest
 (relative path -> sha256, mode, size). The host answers which hashes its content cache lacks.
-The files: one stream of exactly those contents, each headed by its hash and size; the host verifies and
-caches them, then assembles payload/ from its cache (deploy/hostcache.py).
+The files: one stream of exactly those contents, each headed by its hash and size, on the same
+stdin after the host's answer; the host verifies and caches them, then assembles payload/ from
+its cache (deploy/hostcache.py).
 """
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def test_commands_name_the_run_dir_and_agent():
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
     agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
     # One command per host: the bootstrap unpacks the stage, the agent answers and receives.
-    assert b.push.line == (f"~/venv/bin/python -c {quote(PUSH_BOOTSTRAP)} {b.run_dir} "
+    assert b.push.line == (f"~/venv/bin/python -S -c {quote(PUSH_BOOTSTRAP)} {b.run_dir} "
                            "/scratch/tf/cache")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
