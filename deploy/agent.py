@@ -13,6 +13,7 @@ Layout of a run directory (<workdir>/runs/<run-id>/):
     worker-<i>.pid      {"pid", "pgid", "started"} of task i's supervisor (its group leader)
     worker-<i>.exit     {"code", "ended"}, written by the supervisor when the task ends
     worker-<i>.pid.<n>, worker-<i>.exit.<n>   the same of attempt n, moved aside by a relaunch
+    build.pid           {"pid", "pgid", "started"} of the running step of `inv setup` (pip)
 
 Verbs (each prints one JSON document on stdout):
     launch RUNDIR TASK CWD [PY] -- ARGV...  environment as JSON on stdin; starts task
@@ -23,7 +24,8 @@ Verbs (each prints one JSON document on stdout):
     follow RUNDIR TASK:OFFSET...        the same as a stream of JSON lines, one per change,
                                         until every task has ended and its log is read;
                                         `stop GRACE` on its stdin stops the tasks at once
-    stop RUNDIR GRACE                   TERM every task's process group, KILL after GRACE s
+    stop RUNDIR GRACE                   TERM every task's process group (and the setup's
+                                        pip), KILL after GRACE s
     cleanup RUNDIR GRACE                stop, then delete the run directory
     want RUNDIR CACHE                   hashes of manifest.json missing from the file cache
     receive RUNDIR CACHE                those files on stdin: verify, cache, assemble payload/
@@ -40,6 +42,9 @@ import threading
 import time
 
 MAX_CHUNK = 1 << 20
+# The running step of `inv setup` (venv, pip) in its own process group, recorded by
+# tfdeploy_env.py (BUILD_PID there): stopped with the tasks, so cleanup leaves no pip behind.
+BUILD_PID = "build.pid"
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
 PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
 
@@ -298,6 +303,9 @@ def stop(rundir, grace):
         info = read_json(task_file(rundir, task, "pid"))
         if info:
             groups[task] = info["pgid"]
+    build = read_json(os.path.join(rundir, BUILD_PID))
+    if build:
+        groups["build"] = build["pgid"]
     signalled = {}
 
     def send(task, pgid, sig):

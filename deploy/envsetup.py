@@ -26,6 +26,7 @@ from .parallel import on_all, on_each
 from .planner import AGENT_FILE
 from .runner import new_run_id
 from .session import Session, agent_json, checked
+from .transport import LineStream
 from .view import say
 
 HOSTENV_SOURCE = Path(__file__).with_name("hostenv.py")
@@ -154,11 +155,17 @@ def _run(session: Session, plan: SetupPlan, stage_tar: bytes, wheels: list[Path]
 def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, HostProgress],
                console: Console) -> None:
     lock = threading.Lock()
+    streams: dict[str, LineStream] = {}
+    interrupted = threading.Event()
 
     def build(hp: HostSetup) -> None:
         p = progress[hp.host.name]
         p.state, p.started = "building", time.monotonic()
         stream = session.transports[hp.host.name].stream(hp.build.line)
+        with lock:
+            streams[hp.host.name] = stream
+            if interrupted.is_set():     # opened just after Ctrl-C: closed like the others
+                stream.close()
         try:
             for raw in stream:
                 doc = _parse(raw)
@@ -174,13 +181,26 @@ def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, Host
                     p.state, p.line = "failed", "the setup ended without an answer"
                 p.ended = time.monotonic()
 
-    with Live(progress_table(progress), console=console, refresh_per_second=4,
-              transient=True) as live, ThreadPoolExecutor(max_workers=min(32, len(todo))) as pool:
-        futures = [pool.submit(build, hp) for hp in todo]
-        while not all(f.done() for f in futures):
-            time.sleep(0.2)
-            with lock:
-                live.update(progress_table(progress))
+    pool = ThreadPoolExecutor(max_workers=min(32, len(todo)))
+    try:
+        with Live(progress_table(progress), console=console, refresh_per_second=4,
+                  transient=True) as live:
+            futures = [pool.submit(build, hp) for hp in todo]
+            while not all(f.done() for f in futures):
+                time.sleep(0.2)
+                with lock:
+                    live.update(progress_table(progress))
+    except BaseException:
+        # Ctrl-C: stop following, so that the readers end now rather than with pip; the
+        # cleanup that follows stops each host's pip (its recorded process group).
+        with lock:
+            interrupted.set()
+            opened = list(streams.values())
+        for stream in opened:
+            stream.close()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _parse(raw: bytes) -> dict:

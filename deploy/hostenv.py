@@ -7,6 +7,10 @@ others and renamed into place. Shipped beside the agent as tfdeploy_env.py; stdl
                                           envs/<key> only once pip succeeded, so a half-built
                                           one is never used (a failed build goes with the run
                                           directory's cleanup)
+    <rundir>/build.pid                    {"pid", "pgid", "started"} of the running step (venv,
+                                          pip): its own process group, with TFDEPLOY_RUN_ID in
+                                          its environment, so that the agent's cleanup (after
+                                          Ctrl-C) stops it before it deletes the run directory
 
 Verbs, both `RUNDIR ENVDIR`: `envstatus` answers whether ENVDIR is ready for this
 requirements.txt and this Python; `setup [wheelhouse]` builds it, printing one JSON line per
@@ -18,8 +22,10 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 MARKER = "tfdeploy-env.json"
+BUILD_PID = "build.pid"     # read by the agent's stop (tfdeploy_agent.py, BUILD_PID there)
 # Distribution names whose versions the setup table shows.
 PACKAGES = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 VERSIONS = ("import importlib.metadata as m, json, platform\n"
@@ -70,14 +76,27 @@ def envstatus(rundir, envdir):
     return {"ready": False, "env": envdir}
 
 
-def run_logged(argv):
+def run_logged(argv, rundir):
+    """Run one step in a process group of its own, recorded in <rundir>/build.pid: closing
+    the SSH channel does not end a pip that is waiting on the network, the agent's cleanup
+    does (TERM, then KILL, to that group only, checked against the run id)."""
+    with open(os.path.join(rundir, "run.json")) as f:
+        run_id = json.load(f)["run_id"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace")
+                            stdin=subprocess.DEVNULL, text=True, errors="replace",
+                            start_new_session=True,
+                            env=dict(os.environ, TFDEPLOY_RUN_ID=run_id))
+    pidfile = os.path.join(rundir, BUILD_PID)
+    with open(pidfile + ".tmp", "w") as f:
+        json.dump({"pid": proc.pid, "pgid": proc.pid, "started": time.time()}, f)
+    os.replace(pidfile + ".tmp", pidfile)
     for line in proc.stdout:
         if line.strip():
             say(event="log", text=line.rstrip())
-    if proc.wait() != 0:
-        raise SetupError("%s failed with exit code %d" % (" ".join(argv[:4]), proc.returncode))
+    code = proc.wait()
+    os.unlink(pidfile)
+    if code != 0:
+        raise SetupError("%s failed with exit code %d" % (" ".join(argv[:4]), code))
 
 
 def setup(rundir, envdir, wheelhouse):
@@ -87,7 +106,7 @@ def setup(rundir, envdir, wheelhouse):
         return {"event": "done", "reused": True, "env": envdir, "versions": versions(envdir)}
     build = os.path.join(rundir, "env-build")
     say(event="step", text="creating the virtual environment (python %s)" % want["python"])
-    run_logged([sys.executable, "-m", "venv", build])
+    run_logged([sys.executable, "-m", "venv", build], rundir)
     python = os.path.join(build, "bin", "python")
     install = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                "-r", os.path.join(rundir, "requirements.txt")]
@@ -95,7 +114,7 @@ def setup(rundir, envdir, wheelhouse):
         install += ["--no-index", "--find-links", os.path.join(rundir, "wheelhouse")]
     say(event="step", text="installing requirements.txt" + (" from the wheelhouse" if wheelhouse
                                                              else ""))
-    run_logged(install)
+    run_logged(install, rundir)
     with open(os.path.join(build, MARKER), "w") as f:
         json.dump(want, f)
     os.makedirs(os.path.dirname(envdir), exist_ok=True)

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from procs import processes_of_run, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +149,52 @@ def test_a_failing_install_is_reported_per_host_and_leaves_no_env(setup_lab):
     assert "failed" in done.stdout and "tinypkg==9.9" in done.stdout, done.stdout
     for work in workdirs.values():
         assert envs(work) == [] and list((work / "runs").iterdir()) == []
+
+
+def test_ctrl_c_during_setup_stops_pip_on_every_host_and_removes_the_setup_dirs(setup_lab):
+    """pip waiting on a package index that never answers (a socket this test owns) is what
+    Ctrl-C meets: every host's pip (its own process group, recorded in the setup dir) is
+    stopped, the setup dirs are removed, no environment appears, and the exit status is 130."""
+    inventory, workdirs, wheelhouse, payload = setup_lab
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted: list[socket.socket] = []
+
+    def hold() -> None:               # accept and never answer, like a hung index
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+    threading.Thread(target=hold, daemon=True).start()
+    port = listener.getsockname()[1]
+    (payload / "requirements.txt").write_text(
+        f"--index-url http://127.0.0.1:{port}/simple/\ntinypkg==1.0\n")
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "setup", "--hosts", str(inventory),
+                             "--payload", str(payload)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "COLUMNS": "400"})
+    try:
+        deadline = time.monotonic() + 180
+        while len(accepted) < len(workdirs):          # each host's pip is waiting on it
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "pip never asked the index"
+            time.sleep(0.1)
+        (setup_dir,) = {p.name for w in workdirs.values() for p in (w / "runs").iterdir()}
+        pips = [json.loads((w / "runs" / setup_dir / "build.pid").read_text())["pgid"]
+                for w in workdirs.values()]
+        assert set(pips) <= set(processes_of_run(setup_dir))
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert proc.returncode == 130, out
+    assert wait_until_gone(setup_dir, timeout=5) == []
+    for work in workdirs.values():
+        assert list((work / "runs").iterdir()) == [] and envs(work) == []

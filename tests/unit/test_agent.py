@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 
 from procs import processes_of_run, wait_until_gone
 
+from deploy import hostenv
 from deploy.bundle import framed
 from deploy.push import PayloadPush
 from deploy.inventory import EnvValue, Inventory, parse_inventory
@@ -429,3 +431,32 @@ def test_a_follower_stops_the_tasks_when_asked_on_its_stdin(rundir, run_id):
     states = [d["tasks"]["0"]["state"] for d in docs if "0" in d.get("tasks", {})]
     assert states[0] == "running" and states[-1] == "exited"
     assert processes_of_run(run_id) == []
+
+
+def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(rundir, run_id):
+    """`inv setup` interrupted: the host's pip (here a stand-in that waits, as pip waiting on
+    the network does) runs in its own process group recorded in build.pid; cleanup stops that
+    group and only then deletes the directory."""
+    ended: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            hostenv.run_logged([sys.executable, "-c", "import time; time.sleep(60)"],
+                               str(rundir))
+        except BaseException as exc:       # its group was stopped under it: expected
+            ended.append(exc)
+    thread = threading.Thread(target=step)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (rundir / hostenv.BUILD_PID).exists() or not processes_of_run(run_id):
+            assert time.monotonic() < deadline, "the step did not start"
+            time.sleep(0.02)
+        pid = json.loads((rundir / hostenv.BUILD_PID).read_text())["pgid"]
+        assert os.getpgid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
+        result = agent("cleanup", str(rundir), "1")
+        assert result["signalled"] == {"build": ["SIGTERM"]} and result["survivors"] == []
+        assert not rundir.exists() and processes_of_run(run_id) == []
+    finally:
+        thread.join(10)
+    assert ended and not thread.is_alive()
