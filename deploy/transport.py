@@ -109,17 +109,24 @@ class LocalStream:
             raise TransportError(f"local stream: {exc}") from None
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-        self.proc.stdout.close()
+        _end(self.proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a command started in a session of its own (SIGTERM to that group if it still runs),
+    wait for it and close its pipes."""
+    if proc.poll() is None:
         try:
-            self.proc.stdin.close()
-        except OSError:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
             pass
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
 
 class LocalExchange:
@@ -159,17 +166,7 @@ class LocalExchange:
         return CommandResult(code, out, err)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
+        _end(self.proc)
 
 
 class SshExchange:
