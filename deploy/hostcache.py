@@ -22,6 +22,7 @@ import tempfile
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
+PIPE_BYTES = 1 << 20
 # The file stream: MAGIC, then per file a line "<sha256> <size>" and its bytes, then END.
 # Plain framing rather than tar: reading a tar stream in Python costs more CPU than the
 # transfer itself, and END tells a complete stream from a cut one.
@@ -91,6 +92,7 @@ def receive(rundir, cache, stream):
     tmpdir = os.path.join(cache, "tmp")
     os.makedirs(tmpdir, exist_ok=True)
     os.makedirs(os.path.join(cache, "files"), exist_ok=True)
+    _widen(stream)
     if stream.readline() != MAGIC:
         raise CacheError("the file stream does not start with %r" % MAGIC)
     received, total, buf = [], 0, bytearray(CHUNK)
@@ -108,6 +110,16 @@ def receive(rundir, cache, stream):
         total += _store(cache, tmpdir, digest, stream, size, buf)
         received.append(digest)
     return {"received": received, "bytes": total, "files": assemble(rundir, cache, files)}
+
+
+def _widen(stream):
+    """Let the pipe from sshd hold 1 MiB instead of 64 KiB (Linux), so that the stream keeps
+    coming while a file is created or renamed here, instead of stalling sshd's window."""
+    try:
+        import fcntl
+        fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError, ValueError):
+        pass          # not a pipe, not Linux, or not allowed: the default size works too
 
 
 def _store(cache, tmpdir, digest, source, size, buf=None):
