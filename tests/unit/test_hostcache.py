@@ -2,6 +2,7 @@
 what the cache lacks, verified receipt, and payload/ assembled atomically from the cache."""
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -169,3 +170,17 @@ def test_a_rider_with_the_wrong_content_is_refused(tmp_path, payload):
     with pytest.raises(hostcache.CacheError, match="arrived with hash"):
         hostcache.want(str(rundir), str(cache))
     assert list((cache / "files").iterdir()) == [] and not (rundir / "payload").exists()
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="Linux only")
+def test_the_stream_from_sshd_is_read_through_a_wider_pipe():
+    """sshd's 64 KiB pipe filled whenever the host stopped reading to create a file, and the
+    sender stalled: the receiving side asks for 1 MiB (and carries on when it cannot)."""
+    read, write = os.pipe()
+    try:
+        with os.fdopen(read, "rb") as stream:
+            hostcache._widen(stream)
+            assert fcntl.fcntl(stream.fileno(), fcntl.F_GETPIPE_SZ) == hostcache.PIPE_BYTES
+        hostcache._widen(io.BytesIO(b""))                # not a pipe: nothing to do
+    finally:
+        os.close(write)

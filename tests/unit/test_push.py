@@ -7,6 +7,7 @@ import hashlib
 import sys
 from pathlib import Path
 
+import paramiko
 import pytest
 from rich.console import Console
 
@@ -15,7 +16,7 @@ from deploy.parallel import HostsFailed
 from deploy.planner import Options, plan_run
 from deploy.push import PayloadPush
 from deploy.session import Session
-from deploy.transport import LocalTransport
+from deploy.transport import GcmFirstTransport, LocalTransport
 
 
 class CountingTransport(LocalTransport):
@@ -87,3 +88,9 @@ def test_a_file_changed_while_it_is_pushed_leaves_no_payload(lab):
     assert (rundir / "manifest.json").exists() and not (rundir / "payload").exists()
     cached = {p.name for p in (rundir.parents[1] / "cache" / "files").iterdir()}
     assert cached == {sha(b"print('hi')\n")}                  # only verified content
+
+
+def test_ssh_offers_aes_gcm_first_and_every_other_cipher_after_it():
+    offered = GcmFirstTransport._preferred_ciphers
+    assert offered[0] == "aes128-gcm@openssh.com" and "-gcm@" in offered[1]
+    assert sorted(offered) == sorted(paramiko.Transport._preferred_ciphers)
