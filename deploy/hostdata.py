@@ -25,7 +25,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tfdeploy_cache as cache_files  # noqa: E402  (deploy/hostcache.py on the host)
+try:
+    import tfdeploy_cache as cache_files    # deploy/hostcache.py, beside us on the host
+except ImportError:                         # imported on the controller, as deploy.hostdata
+    from deploy import hostcache as cache_files
 
 MANIFEST = "data-manifest.json"
 
