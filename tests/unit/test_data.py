@@ -197,12 +197,16 @@ def host(verb: str, rundir: Path, datadir: str, stdin: bytes = b"") -> dict:
     return json.loads(done.stdout)
 
 
-def push(data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | None]:
-    """want, then receive if needed, as DataPush.send drives each host."""
-
+def staged(tree: DataTree, rundir: Path) -> str:
+    """The data step's stage unpacked into the run dir (as its command does); the data dir."""
     with tarfile.open(fileobj=io.BytesIO(tree.stage()), mode="r:gz") as tar:
         tar.extractall(rundir, filter="data")
-    datadir = str(rundir.parents[1] / "data" / tree.sha256)
+    return str(rundir.parents[1] / "data" / tree.sha256)
+
+
+def push(data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | None]:
+    """want, then receive if needed, as DataPush.send drives each host."""
+    datadir = staged(tree, rundir)
     want = host("want", rundir, datadir)
     if want["present"] or want.get("assembled"):
         return want, None
@@ -247,10 +251,7 @@ def test_a_cut_stream_leaves_no_data_dir(tmp_path, lab):
     data = DataPush(lab)
     tree = data.trees[lab.hosts[1].data.path]
     rundir = host_run_dir(tmp_path, "r1")
-
-    with tarfile.open(fileobj=io.BytesIO(tree.stage()), mode="r:gz") as tar:
-        tar.extractall(rundir, filter="data")
-    datadir = str(tmp_path / "work" / "data" / tree.sha256)
+    datadir = staged(tree, rundir)
     want = host("want", rundir, datadir)
     stream = data.content(tree, frozenset(want["missing"]))
     with pytest.raises(AssertionError, match="cut short"):
