@@ -92,6 +92,12 @@ def ends_with_newline(path):
 
 def launch(rundir, task, cwd, argv, prefer=None):
     doc = json.load(sys.stdin)
+    # The data directory is the user's (remote) or placed by the data push: made empty here,
+    # a mistyped path would train on nothing without a word.
+    data = doc["env"].get("TFDEPLOY_DATA_DIR")
+    if data is not None and not os.path.isdir(os.path.expanduser(data)):
+        raise SystemExit("TFDEPLOY_DATA_DIR %s is not a directory on this host (field 'data' "
+                         "of the inventory)" % data)
     attempt = int(doc["env"].get("TFDEPLOY_ATTEMPT", "1"))
     set_aside(rundir, task, attempt)
     if prefer and os.path.isfile(os.path.expanduser(prefer)):
@@ -101,7 +107,7 @@ def launch(rundir, task, cwd, argv, prefer=None):
         if key in PATH_VARS:
             value = os.path.expanduser(value)
         env[key] = value
-    for key in PATH_VARS:
+    for key in ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR"):
         if key in env:
             os.makedirs(env[key], exist_ok=True)
     log = open(task_file(rundir, task, "log"), "ab")

@@ -38,9 +38,11 @@ class FileEntry:
     size: int
 
 
-def payload_files(payload: Path, rules: IgnoreRules | None = None) -> list[Path]:
+def payload_files(payload: Path, rules: IgnoreRules | None = None,
+                  what: str = "payload") -> list[Path]:
     """Regular files of the payload that are not ignored, symlinks inside it followed (hosts
-    get their content); a symlink leaving the payload is refused unless it is ignored."""
+    get their content); a symlink leaving the payload is refused unless it is ignored.
+    `what` names the directory in errors (the payload, or a data directory)."""
     rules = rules or IgnoreRules.of_payload(payload)
     root = payload.resolve()
     files = []
@@ -52,9 +54,9 @@ def payload_files(payload: Path, rules: IgnoreRules | None = None) -> list[Path]
         for name in [*dirnames, *kept]:
             path = here / name
             if path.is_symlink() and not _inside(path.resolve(), root):
-                raise BundleError(f"{path}: symlink points outside the payload ({path.resolve()})")
+                raise BundleError(f"{path}: symlink points outside the {what} ({path.resolve()})")
         if here != payload and here.is_symlink() and _inside(root, here.resolve()):
-            raise BundleError(f"{here}: symlink loops back into the payload")
+            raise BundleError(f"{here}: symlink loops back into the {what}")
         files += [(here / name).relative_to(payload) for name in kept if (here / name).is_file()]
     return sorted(files)
 

@@ -56,6 +56,8 @@ def probe_command(host: Host, env_python: str | None = None) -> str:
     With `env_python` (the environment of `inv setup`), that one answers where it exists,
     since it is what the tasks will run."""
     args = ["-", "probe", quote_path(host.workdir), str(host.workers + SPARE_PORTS)]
+    if host.data is not None and host.data.kind == "remote":
+        args.append(quote_path(host.data.path))     # tasks will read it: can they?
     probe = join([quote_path(host.python), *args])
     if not env_python:
         return probe
@@ -81,6 +83,9 @@ def judge_probe(check: HostCheck, answer: dict) -> None:
     if tf and tfk and minor(tf) != minor(tfk):
         check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "
                               f"(pip install 'tf-keras~={minor(tf)}.0')")
+    if answer.get("data_problem"):
+        check.problems.append(f"{label}: field 'data': remote path {host.data.path} "
+                              f"{answer['data_problem']} on the host")
     if not answer.get("writable", True):
         check.problems.append(f"{label}: cannot create the workdir {host.workdir}: "
                               f"{answer['disk_path']} is not writable")

@@ -3,9 +3,10 @@ stdin (`python3 - VERB ARGS`), so asking writes nothing on the host. Standard li
 like agent.py.
 
 Verbs (each prints one JSON document on stdout):
-    probe WORKDIR COUNT   python, package versions (read from installed metadata: importing
-                          TensorFlow would take seconds), free disk under WORKDIR and COUNT
-                          free TCP ports
+    probe WORKDIR COUNT [DATA]  python, package versions (read from installed metadata:
+                          importing TensorFlow would take seconds), free disk under WORKDIR,
+                          COUNT free TCP ports, and whether the directory DATA (an inventory
+                          `data: {remote: ...}`) can be read
     mesh SPEC             listen on this host's task ports, connect to the other tasks' ports,
                           report what answered; SPEC is JSON (see mesh())
     ports COUNT           COUNT free TCP ports, distinct from each other
@@ -63,10 +64,23 @@ def free_ports(count):
             s.close()
 
 
-def probe(workdir, count):
+def data_problem(path):
+    """Why the tasks could not read their data directory `path`, or None."""
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        return "does not exist"
+    if not os.path.isdir(path):
+        return "is not a directory"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "is not readable by %s" % (os.environ.get("USER") or "this user")
+    return None
+
+
+def probe(workdir, count, data=None):
     base = existing_ancestor(workdir)
     st = os.statvfs(base)
     return {
+        "data_problem": data_problem(data) if data else None,
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "versions": {key: version_of(names) for key, names in PACKAGES.items()},
@@ -180,7 +194,7 @@ def mesh(spec):
 def main(argv):
     verb, args = argv[0], argv[1:]
     if verb == "probe":
-        out = probe(args[0], int(args[1]))
+        out = probe(args[0], int(args[1]), *args[2:3])
     elif verb == "mesh":
         out = mesh(json.loads(args[0]))
     elif verb == "ports":

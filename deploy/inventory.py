@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from .datasource import DataSource, parse_data
+
 TRANSPORTS = ("ssh", "local")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -69,6 +71,7 @@ class Host:
     env: Mapping[str, EnvValue] = field(default_factory=dict)
     own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
     gpus: tuple[int, ...] | str | None = None   # one task per listed GPU, or "all" for one task
+    data: DataSource | None = None   # TFDEPLOY_DATA_DIR: local dir pushed by content, or remote
 
     @property
     def tf_address(self) -> str:
@@ -94,6 +97,7 @@ HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
     "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
     "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
+    "data": dict,
 }
 DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
 TOP_FIELDS = ("defaults", "hosts")
@@ -217,7 +221,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
             raise fail(key, f"must be a whole number, not {value!r}")
         if kind is str and not isinstance(value, str):
             raise fail(key, f"must be a string, not {value!r}")
-        if kind is dict and not isinstance(value, dict):
+        if kind is dict and not isinstance(value, dict) and key == "env":
             raise fail(key, "must be a mapping of NAME: value")
     if name is None:
         raise fail("name", "missing (every host needs a unique name)")
@@ -256,6 +260,9 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         env[key] = _env_value(key, value, environ, lambda msg, k=key: fail("env", f"{k}: {msg}"))
     if gpus is not None and "CUDA_VISIBLE_DEVICES" in env:
         raise fail("env", "CUDA_VISIBLE_DEVICES: is set from `gpus` on this host; remove it")
+    data = raw.get("data")
+    if data is not None:
+        data = parse_data(data, Path(file).parent, lambda msg: fail("data", msg))
     return Host(
         name=name, address=address, transport=transport, port=port, user=raw.get("user"),
         identity_file=raw.get("identity_file"),
@@ -263,7 +270,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
         cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
-        own_python="python" in raw, gpus=gpus,
+        own_python="python" in raw, gpus=gpus, data=data,
     )
 
 

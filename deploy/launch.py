@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .checkrun import check_before_run
+from .datapush import DataPush
 from .inventory import Inventory
 from .planner import Options, plan_run
 from .plantext import plan_document
@@ -31,6 +32,11 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     run_id = new_run_id()
     payload = PayloadPush(Path(options.payload), options.entry, run_id,
                           hash_cache=settings.runs_dir / "payload-hashes.json")
+    with console.status("hashing the data directories…"):
+        data = DataPush(inventory, hash_cache=settings.runs_dir / "data-hashes.json")
+    # From here on every local data source is named by its content: the plan, the record and
+    # any relaunch use the same TFDEPLOY_DATA_DIR.
+    inventory = data.resolved(inventory)
     skeleton = plan_run(inventory, options, run_id)
     local_dir = settings.runs_dir / run_id
     count = len(skeleton.tasks)
@@ -56,6 +62,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     detached = False
     try:
         write_json(local_dir / "push.json", payload.send(session, skeleton, console))
+        if any(hp.data_dir for hp in skeleton.hosts):
+            write_json(local_dir / "data.json", data.send(session, skeleton, console))
         with console.status("choosing ports…"):
             run.plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
         write_json(local_dir / "plan.json", plan_document(run.plan))

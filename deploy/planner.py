@@ -9,11 +9,13 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
+from .datasource import host_data_dir
 from .inventory import EnvValue, Host, Inventory
 from .shell import join, quote, quote_path
 
 AGENT_FILE = "tfdeploy_agent.py"
 CACHE_FILE = "tfdeploy_cache.py"       # the agent's content-cache half (deploy/hostcache.py)
+DATA_FILE = "tfdeploy_data.py"         # host side of the data push (deploy/hostdata.py)
 MANIFEST_FILE = "manifest.json"
 PAYLOAD_DIR = "payload"
 OUTPUT_DIR = "output"
@@ -84,6 +86,9 @@ class HostPlan:
     ports: RemoteCommand
     tasks: tuple[TaskPlan, ...]
     env_python: str | None = None     # used when it exists on the host, else host.python
+    data_dir: str | None = None       # TFDEPLOY_DATA_DIR of its tasks
+    data_want: RemoteCommand | None = None      # local data: what the host's cache lacks
+    data_receive: RemoteCommand | None = None   # local data: those files, then the data dir
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,25 @@ def replace_backup_command(rundir: str) -> str:
     return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
 
 
+def data_commands(host: Host, rundir: str) -> dict:
+    """The HostPlan fields for the host's data: its TFDEPLOY_DATA_DIR and, for local data, the
+    two steps of its push (as for the payload: ask what the cache lacks, then send that)."""
+    data_dir = host_data_dir(host.workdir, host.data)
+    if data_dir is None or host.data.kind != "local":
+        return {"data_dir": data_dir}
+    quoted = quote_path(rundir)
+    helper = [quote_path(host.python), quote_path(f"{rundir}/{DATA_FILE}")]
+    args = [quote_path(rundir), quote_path(data_dir), quote_path(cache_dir(host))]
+    return {
+        "data_dir": data_dir,
+        "data_want": RemoteCommand(f"tar -xzf - -C {quoted} && " + join([*helper, "want", *args]),
+                                   stdin="tar.gz of the data manifest and its host helper"),
+        "data_receive": RemoteCommand(join([*helper, "receive", *args]),
+                                      stdin="the data files the host lacks, each headed by "
+                                            "its sha256"),
+    }
+
+
 def assign_ports(hosts: list[tuple[Host, int]],
                  free: Mapping[str, list[int]]) -> dict[str, list[int]]:
     """`count` ports per host from the ports found free on it, distinct across the whole
@@ -234,6 +258,9 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         env["TFDEPLOY_BACKUP_DIR"] = EnvValue(f"{rundir}/{BACKUP_DIR}")
     if gpus is not None and gpus != "all":
         env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
+    data = host_data_dir(host.workdir, host.data)
+    if data is not None:
+        env["TFDEPLOY_DATA_DIR"] = EnvValue(data)
     env.update(host.env)
     return env
 
@@ -273,5 +300,5 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             ports=RemoteCommand(join([quote_path(host.python), "-", "ports",
                                       str(host.workers + SPARE_PORTS)]),
                                 stdin="deploy/hostcheck.py"),
-            tasks=tuple(tasks), env_python=envpy))
+            tasks=tuple(tasks), env_python=envpy, **data_commands(host, rundir)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .planner import RunPlan
+from .planner import HostPlan, RunPlan
 
 
 def plan_document(plan: RunPlan) -> dict:
@@ -20,6 +20,10 @@ def plan_document(plan: RunPlan) -> dict:
             "address": hp.host.address,
             "run_dir": hp.run_dir,
             **({"env_python": hp.env_python} if hp.env_python else {}),
+            **({"data": {"source": hp.host.data.shown, "dir": hp.data_dir}}
+               if hp.data_dir else {}),
+            **({"data_want": str(hp.data_want), "data_receive": str(hp.data_receive)}
+               if hp.data_want else {}),
             "push": str(hp.push),
             "ports": str(hp.ports),
             "tasks": [{
@@ -32,6 +36,20 @@ def plan_document(plan: RunPlan) -> dict:
             } for t in hp.tasks],
         } for hp in plan.hosts],
     }
+
+
+def data_lines(hp: HostPlan) -> list[str]:
+    """Where the host's tasks find their data: the source, TFDEPLOY_DATA_DIR, the push."""
+    data = hp.host.data
+    if data is None:
+        return []
+    if data.kind == "remote":
+        return [f"  data:   remote {data.given or data.path} (already on the host; checked, "
+                "not pushed)"]
+    named = ("" if data.tree else
+             " (<tree-sha256>: the content hash of its files, computed at push)")
+    return [f"  data:   local {data.given} -> {hp.data_dir}{named}; kept "
+            "between runs", f"  data push: {hp.data_want}", f"  data send: {hp.data_receive}"]
 
 
 def plan_text(plan: RunPlan) -> str:
@@ -49,6 +67,7 @@ def plan_text(plan: RunPlan) -> str:
                   f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
         if hp.env_python:
             lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
+        lines += data_lines(hp)
         for t in hp.tasks:
             gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
             lines.append(f"  {t.name} at {t.endpoint}{gpus}")

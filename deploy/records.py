@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+from .datasource import DataSource
 from .inventory import Host, Inventory
 from .planner import Options, RunPlan, plan_run
 
@@ -25,7 +26,7 @@ VERSION = 1
 # The connection fields of a host; `env` is deliberately not among them.
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
                "host_key_policy", "python", "workdir", "cluster_address", "workers",
-               "own_python", "gpus")
+               "own_python", "gpus", "data")
 # States: starting, running (a controller follows it), detached, finished, interrupted, down.
 ACTIVE_STATES = ("starting", "running", "detached")
 
@@ -45,7 +46,9 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
                     "args": list(plan.options.args), "grace": plan.options.grace,
                     "requirements_sha256": plan.options.requirements_sha256,
                     "backup": plan.options.backup},
-        "hosts": [{**{k: getattr(hp.host, k) for k in HOST_FIELDS}, "run_dir": hp.run_dir}
+        "hosts": [{**{k: getattr(hp.host, k) for k in HOST_FIELDS},
+                   # The data source with its tree hash: the same TFDEPLOY_DATA_DIR on re-plan.
+                   "data": hp.host.data and hp.host.data.document(), "run_dir": hp.run_dir}
                   for hp in plan.hosts],
         "tasks": [{"index": t.index, "name": t.name, "host": t.host.name, "port": t.port,
                    "endpoint": t.endpoint} for t in plan.tasks],
@@ -121,8 +124,10 @@ def find_run(runs_dir: Path, run_id: str | None) -> Path:
 def hosts_of(doc: dict) -> tuple[Host, ...]:
     def host(fields: dict) -> Host:
         gpus = fields["gpus"]
-        return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus})
-    return tuple(host({k: h[k] for k in HOST_FIELDS}) for h in doc["hosts"])
+        return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus,
+                       "data": DataSource.of(fields.get("data"))})
+    # A record written before `data` existed has none: such a run had no data.
+    return tuple(host({k: h[k] for k in HOST_FIELDS if k in h}) for h in doc["hosts"])
 
 
 def plan_of(doc: dict, where: str = "record") -> RunPlan:

@@ -5,6 +5,7 @@ without TF_CONFIG it trains alone. It trains a small classifier on synthetic dat
 reports progress as one JSON document per stdout line, which the launcher parses:
 
     {"event": "start", "task": 0, "workers": 2, "run_id": "...", ...}
+    {"event": "data", "task": 0, "files": ["a.npz"], "examples": 512, ...}  (TFDEPLOY_DATA_DIR)
     {"event": "first_step", "task": 0}
     {"event": "epoch", "task": 0, "epoch": 1, "loss": 1.23, "accuracy": 0.5, "seconds": 0.8}
     {"event": "resumed", "task": 0, "epoch": 2}   (BackupAndRestore: 2 epochs were done)
@@ -16,8 +17,13 @@ Environment read:
     TFDEPLOY_OUTPUT_DIR   where the model is saved (default ./output; --output-dir wins)
     TFDEPLOY_RUN_ID       echoed in the start line
     TFDEPLOY_BACKUP_DIR   if set, fault tolerance with keras BackupAndRestore
+    TFDEPLOY_DATA_DIR     if it holds *.npz files (arrays x: float features, one row per
+                          example, and y: integer labels in [0, --num-classes)), train on
+                          those instead of the synthetic data. Each task reads its own
+                          host's directory: per-host shards, not split further between tasks.
 """
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -105,43 +111,90 @@ def synthetic_data():
     return x[:, :NUM_FEATURES_A], x[:, NUM_FEATURES_A:], y
 
 
-def make_dataset(global_batch, multi_input):
+def load_data_dir(path, num_classes):
+    """(x, y, file names) from every *.npz below `path` (sorted by name), or None when it holds
+    none. Each file has `x` (examples x features) and `y` (one integer label per example)."""
+    names = sorted(os.path.relpath(p, path)
+                   for p in glob.glob(os.path.join(path, "**", "*.npz"), recursive=True))
+    if not names:
+        return None
+    xs, ys = [], []
+    for name in names:
+        with np.load(os.path.join(path, name)) as arrays:
+            if "x" not in arrays or "y" not in arrays:
+                raise SystemExit("train.py: %s in %s needs arrays x and y (has %s)"
+                                 % (name, path, ", ".join(arrays.files)))
+            x, y = arrays["x"], arrays["y"]
+        if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+            raise SystemExit("train.py: %s: x must be examples x features and y one label per "
+                             "example (x %s, y %s)" % (name, x.shape, y.shape))
+        if xs and x.shape[1] != xs[0].shape[1]:
+            raise SystemExit("train.py: %s has %d features, %s has %d"
+                             % (name, x.shape[1], names[0], xs[0].shape[1]))
+        if len(y) and (y.min() < 0 or y.max() >= num_classes):
+            raise SystemExit("train.py: %s: labels must be in [0, %d) (--num-classes), found "
+                             "%d..%d" % (name, num_classes, y.min(), y.max()))
+        xs.append(x.astype("float32"))
+        ys.append(y.astype("int64"))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if len(y) == 0:
+        raise SystemExit("train.py: the *.npz files in %s hold no examples" % path)
+    return x, y, names
+
+
+def split_features(x):
+    """The two inputs of --multi-input: the first 3/5 of the columns and the rest (12 and 8
+    for the synthetic data's 20)."""
+    cut = max(1, x.shape[1] * 3 // 5)
+    return x[:, :cut], x[:, cut:]
+
+
+def make_dataset(global_batch, multi_input, data=None):
     """Infinite, batched dataset of the *global* batch size; the strategy splits each
     global batch between the workers.
 
-    AutoShardPolicy.DATA: the default (AUTO) first tries to give each worker its own
-    files; in-memory data has none, so AUTO falls back to DATA with a warning in the log.
-    Saying DATA outright: every worker runs the same pipeline and keeps only its share of
-    each batch. The pipeline must therefore be identical on all workers: fixed seeds.
+    Synthetic data, AutoShardPolicy.DATA: the default (AUTO) first tries to give each worker
+    its own files; in-memory data has none, so AUTO falls back to DATA with a warning in the
+    log. Saying DATA outright: every worker runs the same pipeline and keeps only its share
+    of each batch. The pipeline must therefore be identical on all workers: fixed seeds.
+
+    `data` (x, y) from TFDEPLOY_DATA_DIR is this host's own shard: sharding is OFF, each
+    worker feeds its share of every global batch from its own data.
     """
-    xa, xb, y = synthetic_data()
+    if data is None:
+        xa, xb, y = synthetic_data()
+        policy = tf.data.experimental.AutoShardPolicy.DATA
+    else:
+        (xa, xb), y = split_features(data[0]), data[1]
+        policy = tf.data.experimental.AutoShardPolicy.OFF
     features = {"a": xa, "b": xb} if multi_input else np.concatenate([xa, xb], axis=1)
     ds = tf.data.Dataset.from_tensor_slices((features, y))
-    ds = ds.shuffle(NUM_SAMPLES, seed=SEED, reshuffle_each_iteration=True)
+    ds = ds.shuffle(len(y), seed=SEED, reshuffle_each_iteration=True)
     ds = ds.repeat().batch(global_batch, drop_remainder=True)
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    options.experimental_distribute.auto_shard_policy = policy
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-def build_model(multi_input):
+def build_model(multi_input, features_a=NUM_FEATURES_A, features_b=NUM_FEATURES_B,
+                num_classes=NUM_CLASSES):
     """A small MLP classifier; with multi_input, a functional model with two inputs whose
     branches are concatenated."""
     if multi_input:
-        in_a = keras.Input(shape=(NUM_FEATURES_A,), name="a")
-        in_b = keras.Input(shape=(NUM_FEATURES_B,), name="b")
+        in_a = keras.Input(shape=(features_a,), name="a")
+        in_b = keras.Input(shape=(features_b,), name="b")
         branch_a = keras.layers.Dense(32, activation="relu", name="branch_a")(in_a)
         branch_b = keras.layers.Dense(16, activation="relu", name="branch_b")(in_b)
         merged = keras.layers.Concatenate(name="merge")([branch_a, branch_b])
         hidden = keras.layers.Dense(32, activation="relu", name="hidden")(merged)
-        out = keras.layers.Dense(NUM_CLASSES, name="logits")(hidden)
+        out = keras.layers.Dense(num_classes, name="logits")(hidden)
         model = keras.Model(inputs=[in_a, in_b], outputs=out, name="two_branch")
     else:
         model = keras.Sequential([
-            keras.Input(shape=(NUM_FEATURES_A + NUM_FEATURES_B,)),
+            keras.Input(shape=(features_a + features_b,)),
             keras.layers.Dense(64, activation="relu"),
             keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(NUM_CLASSES),
+            keras.layers.Dense(num_classes),
         ], name="mlp")
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate=0.01),
@@ -218,6 +271,9 @@ def parse_args(argv):
                         help="per worker; the global batch is this times the workers (32)")
     parser.add_argument("--multi-input", action="store_true",
                         help="two-input functional model (two branches concatenated)")
+    parser.add_argument("--num-classes", type=int, default=NUM_CLASSES,
+                        help="labels of TFDEPLOY_DATA_DIR's data are 0..N-1 (default: %d)"
+                        % NUM_CLASSES)
     parser.add_argument("--output-dir",
                         default=os.environ.get("TFDEPLOY_OUTPUT_DIR") or "./output",
                         help="default: $TFDEPLOY_OUTPUT_DIR, else ./output")
@@ -233,6 +289,17 @@ def main(argv=None, callbacks=()):
     # has started, so "start" without "first_step" means "waiting for the others".
     emit("start", index, workers=workers, run_id=os.environ.get("TFDEPLOY_RUN_ID"),
          type=task_type, chief=is_chief, multi_input=args.multi_input)
+    data = None
+    data_dir = os.environ.get("TFDEPLOY_DATA_DIR")
+    if data_dir:
+        # Read before joining the cluster: a bad file fails this task at once.
+        loaded = load_data_dir(data_dir, args.num_classes)
+        if loaded is None:
+            emit("data", index, dir=data_dir, files=[], examples=0, synthetic=True)
+        else:
+            data = loaded[:2]
+            emit("data", index, dir=data_dir, files=loaded[2], examples=len(loaded[1]),
+                 features=int(loaded[0].shape[1]), synthetic=False)
     # A cluster in TF_CONFIG (even of one worker) means the launcher runs us: join it.
     strategy = make_strategy(multi_worker=bool(cluster_spec()))
 
@@ -241,9 +308,13 @@ def main(argv=None, callbacks=()):
     keras.utils.set_random_seed(SEED)
 
     global_batch = args.batch_size * workers
-    dataset = make_dataset(global_batch, args.multi_input)
+    dataset = make_dataset(global_batch, args.multi_input, data)
     with strategy.scope():
-        model = build_model(args.multi_input)
+        if data is None:
+            model = build_model(args.multi_input)
+        else:
+            xa, xb = split_features(data[0][:1])
+            model = build_model(args.multi_input, xa.shape[1], xb.shape[1], args.num_classes)
 
     cbs = []
     backup_dir = os.environ.get("TFDEPLOY_BACKUP_DIR")

@@ -84,6 +84,18 @@ EXPECTED = {
     "gpus_empty": (4, "a", "gpus", ["list of GPU indices", "[]"]),
     "gpus_twice": (4, "a", "gpus", ["GPU 1 more than once"]),
     "gpus_and_cuda_env": (5, "a", "env", ["CUDA_VISIBLE_DEVICES", "set from `gpus`"]),
+    # data (local paths are relative to the inventory file's directory)
+    "data_missing_dir": (4, "a", "data", ["local:", "does not exist", "no-such-shards"]),
+    "data_not_dir": (4, "a", "data", ["local:", "data_not_dir.yaml", "is not a directory"]),
+    "data_both": (4, "a", "data", ["either local or remote, not both"]),
+    "data_unknown_key": (4, "a", "data", ["unknown key 'path'", "local, remote"]),
+    "data_remote_relative": (4, "a", "data", ["remote:", "absolute or start with ~/",
+                                              "'datasets/mnist'"]),
+    "data_remote_dotdot": (4, "a", "data", ["remote:", "'..'"]),
+    "data_plain_string": (4, "a", "data", ["{local: DIR}", "{remote: PATH}",
+                                           "'/srv/datasets/mnist'"]),
+    "data_local_empty": (4, "a", "data", ["non-empty path"]),
+    "data_default_missing": (2, "a", "data", ["does not exist", "shards-nowhere"]),  # default
 }
 
 # Inputs that once slipped through or crashed the loader: (what went wrong, the exception it

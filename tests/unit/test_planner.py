@@ -64,17 +64,37 @@ hosts:
     env:
       CUDA_VISIBLE_DEVICES: ""
 """
+# Per-host data: two local shards (relative to the inventory's directory, tests/unit) and a
+# default remote path for the rest.
+DATA = """
+defaults:
+  data: {remote: ~/datasets/mnist}
+hosts:
+  - name: a
+    address: gpu-a.lab
+    workers: 2
+    data: {local: data_shards/a}
+  - name: b
+    address: 10.1.2.4
+    workdir: /scratch/tf
+    data: {local: ./data_shards/b}
+  - name: c
+    address: 10.1.2.5
+"""
 LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
     "lab": (LAB, None, Options(args=("--epochs", "5", "--note", "it's $(fine)"), backup=True)),
     "lab_ports": (LAB, LAB_PORTS, Options(entry="main.py")),
     "gpus": (GPUS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
+    "data": (DATA, None, Options()),
 }
 
 
 def inventory_of(name):
-    return parse_inventory(CASES[name][0], f"{name}.yaml", environ={"LAB_API_KEY": SECRET_FROM_ENV})
+    # As if the file were in tests/unit: relative data directories are found beside it.
+    return parse_inventory(CASES[name][0], str(Path(__file__).with_name(f"{name}.yaml")),
+                           environ={"LAB_API_KEY": SECRET_FROM_ENV})
 
 
 def plan_of(name):

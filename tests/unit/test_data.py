@@ -1,0 +1,298 @@
+"""The inventory's `data:` field end to end without a network: parsing, the tree hash that names
+a local data directory on the hosts, TFDEPLOY_DATA_DIR in the plan and the run record, the
+host side (deploy/hostdata.py run as a host runs it: want, receive, the data dir kept by
+content), the remote path's check, and the agent refusing a data dir that is not there."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy import hashcache, hostcheck
+from deploy.checks import HostCheck, judge_probe, probe_command
+from deploy.datapush import DataPush, DataTree
+from deploy.datasource import DataSource, host_data_dir
+from deploy.hashcache import HashCache
+from deploy.inventory import InventoryError, parse_inventory
+from deploy.planner import CACHE_FILE, DATA_FILE, Options, plan_run
+from deploy.plantext import plan_document, plan_text
+from deploy.records import load_record, plan_of, record_document, write_record
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RUN_ID = "20260101-000000-abcdef"
+
+
+def shards(root: Path) -> dict[str, Path]:
+    """Two shard directories with different files, and a third equal to the first."""
+    dirs = {}
+    for name, files in {"a": {"part-0.bin": b"A" * 1000, "sub/part-1.bin": b"a1"},
+                        "b": {"part-0.bin": b"B" * 3000},
+                        "a-again": {"part-0.bin": b"A" * 1000, "sub/part-1.bin": b"a1"}}.items():
+        for rel, content in files.items():
+            path = root / name / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        dirs[name] = root / name
+    return dirs
+
+
+def inventory(tmp_path: Path, body: str):
+    path = tmp_path / "lab.yaml"
+    path.write_text(body)
+    return parse_inventory(body, str(path), environ={})
+
+
+LAB = """
+defaults:
+  data: {remote: ~/datasets//mnist/}
+hosts:
+  - name: a
+    address: 10.0.0.1
+    data: {local: shards/a}
+  - name: b
+    address: 10.0.0.2
+    workers: 2
+    data: {local: ./shards/b}
+  - name: c
+    address: 10.0.0.3
+  - name: d
+    address: 10.0.0.4
+    data: {local: shards/a}
+"""
+
+
+@pytest.fixture
+def lab(tmp_path):
+    shards(tmp_path / "shards")
+    return inventory(tmp_path, LAB)
+
+
+def test_both_forms_parse_relative_to_the_inventory_and_defaults_apply(lab, tmp_path):
+    a, b, c, d = lab.hosts
+    assert a.data == DataSource("local", str(tmp_path / "shards" / "a"), given="shards/a")
+    assert b.data.path == str(tmp_path / "shards" / "b") and b.data.given == "./shards/b"
+    assert c.data == DataSource("remote", "~/datasets/mnist", given="~/datasets//mnist/")
+    assert d.data == a.data
+    assert all(h.data.tree is None for h in lab.hosts)
+
+
+def test_a_host_without_data_has_no_data_dir(tmp_path):
+    inv = inventory(tmp_path, "hosts:\n  - name: a\n    address: h\n")
+    assert inv.hosts[0].data is None
+    (task,) = plan_run(inv, Options(), RUN_ID).tasks
+    assert "TFDEPLOY_DATA_DIR" not in task.env
+    assert "data" not in plan_document(plan_run(inv, Options(), RUN_ID))["hosts"][0]
+
+
+def test_the_tree_hash_names_content_and_paths_not_where_the_dir_is(tmp_path):
+    dirs = shards(tmp_path)
+    hashes = HashCache()
+    a, again, b = (DataTree.of(dirs[n], hashes) for n in ("a", "a-again", "b"))
+    assert a.sha256 == again.sha256 != b.sha256
+    assert [f.path for f in a.files] == ["part-0.bin", "sub/part-1.bin"] and a.size == 1002
+    (dirs["a-again"] / "sub" / "part-1.bin").rename(dirs["a-again"] / "sub" / "part-2.bin")
+    assert DataTree.of(dirs["a-again"], hashes).sha256 != a.sha256
+
+
+def test_unchanged_data_is_not_read_again(tmp_path, monkeypatch):
+    dirs = shards(tmp_path)
+    # As if the files had settled (the hash cache remembers files unchanged for 3 s).
+    monkeypatch.setattr(hashcache, "SETTLE_NS", 0)
+    memory = tmp_path / "data-hashes.json"
+    first = HashCache(memory)
+    DataTree.of(dirs["b"], first)
+    first.save()
+    second = HashCache(memory)
+    monkeypatch.setattr(hashcache, "file_sha256", lambda path: pytest.fail(f"read {path}"))
+    tree = DataTree.of(dirs["b"], second)
+    assert second.changed == set() and len(tree.files) == 1
+
+
+def test_a_symlink_out_of_a_data_dir_is_refused_naming_host_and_field(tmp_path, lab):
+    (tmp_path / "secret.txt").write_text("x")
+    (tmp_path / "shards" / "b" / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(InventoryError) as caught:
+        DataPush(lab)
+    error = caught.value
+    assert (error.host, error.field) == ("b", "data")
+    assert str(error).startswith(f"{lab.path}: host 'b': field 'data': local: ")
+    assert "symlink points outside the data directory" in str(error)
+
+
+def test_the_plan_gives_each_task_its_hosts_data_dir(lab):
+    data = DataPush(lab)
+    assert len(data.trees) == 2                       # a and d share one directory
+    resolved = data.resolved(lab)
+    plan = plan_run(resolved, Options(), RUN_ID)
+    trees = {h.name: h.data.tree for h in resolved.hosts}
+    dirs = {t.index: t.env["TFDEPLOY_DATA_DIR"].value for t in plan.tasks}
+    assert dirs == {0: f"~/.tfdeploy/data/{trees['a']}", 1: f"~/.tfdeploy/data/{trees['b']}",
+                    2: f"~/.tfdeploy/data/{trees['b']}", 3: "~/datasets/mnist",
+                    4: f"~/.tfdeploy/data/{trees['a']}"}
+    a, b, c, d = plan.hosts
+    assert a.data_want.line.startswith(f"tar -xzf - -C ~/.tfdeploy/runs/{RUN_ID} && ")
+    assert a.data_want.line.endswith(f"/{DATA_FILE} want ~/.tfdeploy/runs/{RUN_ID} "
+                                     f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache")
+    assert c.data_want is None and c.data_receive is None and c.data_dir == "~/datasets/mnist"
+    text = plan_text(plan)
+    assert f"  data:   local shards/a -> ~/.tfdeploy/data/{trees['a']}; kept between runs" in text
+    assert "  data:   remote ~/datasets//mnist/ (already on the host; checked, not pushed)" in text
+    assert "<tree-sha256>" not in text
+    assert plan_document(plan)["hosts"][2]["data"] == {"source": "remote ~/datasets//mnist/",
+                                                       "dir": "~/datasets/mnist"}
+
+
+def test_the_dry_run_shows_where_the_data_will_be_before_hashing(lab):
+    text = plan_text(plan_run(lab, Options(), RUN_ID))
+    assert "env TFDEPLOY_DATA_DIR=~/.tfdeploy/data/<tree-sha256>" in text
+    assert "content hash of its files, computed at push" in text
+    assert host_data_dir("/w", None) is None
+
+
+def test_the_record_replans_the_same_data_dirs(lab, tmp_path):
+    plan = plan_run(DataPush(lab).resolved(lab), Options(), RUN_ID,
+                    {i: 20000 + i for i in range(5)})
+    run_dir = tmp_path / "runs" / RUN_ID
+    run_dir.mkdir(parents=True)
+    write_record(run_dir, record_document(plan, "detached", 1.0))
+    again = plan_of(load_record(run_dir))
+    assert [hp.host for hp in again.hosts] == [hp.host for hp in plan.hosts]
+    assert [hp.data_dir for hp in again.hosts] == [hp.data_dir for hp in plan.hosts]
+    for mine, theirs in zip(again.tasks, plan.tasks):
+        assert mine.env["TFDEPLOY_DATA_DIR"] == theirs.env["TFDEPLOY_DATA_DIR"]
+        assert mine.launch == theirs.launch
+
+
+def test_a_record_from_before_data_replans_without_it(lab, tmp_path):
+    plan = plan_run(DataPush(lab).resolved(lab), Options(), RUN_ID, {i: 20000 + i for i in range(5)})
+    doc = json.loads(json.dumps(record_document(plan, "detached", 1.0)))
+    for host in doc["hosts"]:
+        del host["data"]
+    assert all("TFDEPLOY_DATA_DIR" not in t.env for t in plan_of(doc).tasks)
+
+
+# -- the host side, as a host runs it ----------------------------------------------------------
+
+def host_run_dir(tmp_path: Path, name: str) -> Path:
+    """A run directory as the payload push leaves it: the content cache's helper is there."""
+    rundir = tmp_path / "work" / "runs" / name
+    rundir.mkdir(parents=True)
+    shutil.copy(DEPLOY / "hostcache.py", rundir / CACHE_FILE)
+    return rundir
+
+
+def host(verb: str, rundir: Path, datadir: str, stdin: bytes = b"") -> dict:
+    cache = rundir.parents[1] / "cache"
+    done = subprocess.run([sys.executable, str(rundir / DATA_FILE), verb, str(rundir), datadir,
+                           str(cache)], input=stdin, capture_output=True, timeout=60)
+    if done.returncode:
+        raise AssertionError(done.stderr.decode())
+    return json.loads(done.stdout)
+
+
+def staged(tree: DataTree, rundir: Path) -> str:
+    """The data step's stage unpacked into the run dir (as its command does); the data dir."""
+    with tarfile.open(fileobj=io.BytesIO(tree.stage()), mode="r:gz") as tar:
+        tar.extractall(rundir, filter="data")
+    return str(rundir.parents[1] / "data" / tree.sha256)
+
+
+def push(data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | None]:
+    """want, then receive if needed, as DataPush.send drives each host."""
+    datadir = staged(tree, rundir)
+    want = host("want", rundir, datadir)
+    if want["present"] or want.get("assembled"):
+        return want, None
+    return want, host("receive", rundir, datadir, data.content(tree, frozenset(want["missing"])))
+
+
+def test_data_is_sent_once_kept_by_content_and_found_again(tmp_path, lab):
+    data = DataPush(lab)
+    tree = data.trees[lab.hosts[0].data.path]
+    want, got = push(data, tree, host_run_dir(tmp_path, "r1"))
+    assert want["present"] is False and len(want["missing"]) == 2
+    assert sorted(got["received"]) == want["missing"] and got["bytes"] == 1002
+    datadir = tmp_path / "work" / "data" / tree.sha256
+    assert (datadir / "part-0.bin").read_bytes() == b"A" * 1000
+    assert (datadir / "sub" / "part-1.bin").read_bytes() == b"a1"
+    assert not os.access(datadir / "part-0.bin", os.W_OK) or os.geteuid() == 0
+    inode = datadir.stat().st_ino
+    # Teardown of the run directory leaves the data: it lives outside every run.
+    shutil.rmtree(tmp_path / "work" / "runs" / "r1")
+    want, got = push(data, tree, host_run_dir(tmp_path, "r2"))
+    assert want == {"present": True, "missing": [], "received": [], "files": 2} and got is None
+    assert datadir.stat().st_ino == inode
+    # Gone data dir, full cache: assembled again at once, nothing sent.
+    shutil.rmtree(datadir)
+    want, got = push(data, tree, host_run_dir(tmp_path, "r3"))
+    assert want["assembled"] and want["missing"] == [] and got is None
+    assert (datadir / "part-0.bin").read_bytes() == b"A" * 1000
+    assert not [p for p in (tmp_path / "work" / "runs" / "r3").iterdir()
+                if p.name.startswith(".data-")]
+
+
+def test_a_data_dir_not_named_by_its_manifest_is_refused(tmp_path, lab):
+    data = DataPush(lab)
+    tree = data.trees[lab.hosts[0].data.path]
+    rundir = host_run_dir(tmp_path, "r1")
+    push(data, tree, rundir)
+    with pytest.raises(AssertionError, match="not named by its manifest's hash"):
+        host("want", rundir, str(tmp_path / "work" / "data" / ("0" * 64)))
+
+
+def test_a_cut_stream_leaves_no_data_dir(tmp_path, lab):
+    data = DataPush(lab)
+    tree = data.trees[lab.hosts[1].data.path]
+    rundir = host_run_dir(tmp_path, "r1")
+    datadir = staged(tree, rundir)
+    want = host("want", rundir, datadir)
+    stream = data.content(tree, frozenset(want["missing"]))
+    with pytest.raises(AssertionError, match="cut short"):
+        host("receive", rundir, datadir, stream[:len(stream) // 2])
+    assert not Path(datadir).exists()
+    assert not [p for p in rundir.iterdir() if p.name.startswith(".data-")]
+
+
+def test_the_summary_counts_each_directorys_new_files_once(lab):
+    data = DataPush(lab)
+    plan = plan_run(data.resolved(lab), Options(), RUN_ID)
+    plans = [hp for hp in plan.hosts if hp.data_want]
+    a_files = [f.sha256 for f in data.trees[lab.hosts[0].data.path].files]
+    answers = {"a": {"missing": a_files, "received": []}, "b": {"missing": [], "received": []},
+               "d": {"missing": a_files[:1], "received": []}}
+    assert data.summary(plans, answers) == "data: 2 of 3 file(s) new (1002 B) → 2 of 3 host(s)"
+
+
+# -- remote data: checked before anything starts; the agent refuses a missing one -----------------
+
+def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, tmp_path):
+    a, b, c, d = lab.hosts
+    assert probe_command(c).endswith(" ~/datasets/mnist")
+    assert probe_command(a).endswith(" 5")                       # local data: nothing to ask
+    assert hostcheck.data_problem(str(tmp_path / "nowhere")) == "does not exist"
+    assert hostcheck.data_problem(str(tmp_path / "lab.yaml")) == "is not a directory"
+    assert hostcheck.data_problem(str(tmp_path)) is None
+    check = HostCheck(c)
+    judge_probe(check, {"versions": {}, "data_problem": "does not exist"})
+    assert check.problems == ["c (10.0.0.3): field 'data': remote path ~/datasets/mnist does "
+                              "not exist on the host"]
+
+
+def test_the_agent_refuses_to_start_a_task_without_its_data_dir(tmp_path):
+    rundir = tmp_path / "run"
+    rundir.mkdir()
+    (rundir / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
+    env = {"env": {"TFDEPLOY_RUN_ID": RUN_ID, "TFDEPLOY_DATA_DIR": str(tmp_path / "nowhere")}}
+    done = subprocess.run([sys.executable, str(DEPLOY / "agent.py"), "launch", str(rundir), "0",
+                           str(tmp_path), "--", sys.executable, "-c", "pass"],
+                          input=json.dumps(env).encode(), capture_output=True, timeout=60)
+    assert done.returncode != 0
+    assert b"is not a directory on this host (field 'data'" in done.stderr
+    assert not (tmp_path / "nowhere").exists() and not (rundir / "worker-0.pid").exists()
