@@ -10,6 +10,7 @@ directories, endpoints and commands (the planner is pure), with only tfdeploy's 
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from .inventory import Host, Inventory
+from .sshconfig import Hop
 from .planner import Options, RunPlan, plan_run
 
 RECORD_FILE = "record.json"
@@ -25,7 +27,7 @@ VERSION = 1
 # The connection fields of a host; `env` is deliberately not among them.
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
                "host_key_policy", "python", "workdir", "cluster_address", "workers",
-               "own_python", "gpus")
+               "own_python", "gpus", "ssh_config", "jump", "target", "via")
 # States: starting, running (a controller follows it), detached, finished, interrupted, down.
 ACTIVE_STATES = ("starting", "running", "detached")
 
@@ -45,8 +47,8 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
                     "args": list(plan.options.args), "grace": plan.options.grace,
                     "requirements_sha256": plan.options.requirements_sha256,
                     "backup": plan.options.backup},
-        "hosts": [{**{k: getattr(hp.host, k) for k in HOST_FIELDS}, "run_dir": hp.run_dir}
-                  for hp in plan.hosts],
+        "hosts": [{**{k: _stored(getattr(hp.host, k)) for k in HOST_FIELDS},
+                   "run_dir": hp.run_dir} for hp in plan.hosts],
         "tasks": [{"index": t.index, "name": t.name, "host": t.host.name, "port": t.port,
                    "endpoint": t.endpoint} for t in plan.tasks],
     }
@@ -118,11 +120,28 @@ def find_run(runs_dir: Path, run_id: str | None) -> Path:
     return runs_dir / records[-1]["run_id"]
 
 
+def _stored(value):
+    """The resolved SSH logins (Hop) as plain mappings; everything else is JSON already."""
+    if isinstance(value, Hop):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple) and value and isinstance(value[0], Hop):
+        return [dataclasses.asdict(hop) for hop in value]
+    return value
+
+
+def _hop(fields: dict) -> Hop:
+    return Hop(**{**fields, "identity_files": tuple(fields["identity_files"])})
+
+
 def hosts_of(doc: dict) -> tuple[Host, ...]:
+    """The hosts as recorded: the same resolved logins and gateways, whatever the ssh config
+    says now. (A record written before a field existed gets that field's default.)"""
     def host(fields: dict) -> Host:
-        gpus = fields["gpus"]
-        return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus})
-    return tuple(host({k: h[k] for k in HOST_FIELDS}) for h in doc["hosts"])
+        gpus, target = fields.get("gpus"), fields.get("target")
+        return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus,
+                       "target": _hop(target) if target else None,
+                       "via": tuple(_hop(h) for h in fields.get("via") or ())})
+    return tuple(host({k: h[k] for k in HOST_FIELDS if k in h}) for h in doc["hosts"])
 
 
 def plan_of(doc: dict, where: str = "record") -> RunPlan:

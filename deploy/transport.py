@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import paramiko
-from fabric import Connection
+from fabric import Config as FabricConfig, Connection
 
 from . import hostkeys
 from .inventory import Host
+from .sshconfig import Hop
 
 SEND_SLICE = 256 << 10
 
@@ -129,36 +130,81 @@ class LocalTransport:
 
 
 class SshTransport:
+    """One SSH login per host, through its gateways if it has any (`jump:` or a ProxyJump in
+    the ssh config): each gateway is a login of its own, host key checked against the same
+    known_hosts with the same policy, and the next hop is reached over a direct-tcpip channel
+    from it. Only the SSH session goes through a gateway; training traffic does not."""
+
     def __init__(self, host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
         self.host = host
-        kwargs = {}
-        if host.identity_file:
-            kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
-        self.connection = Connection(host=host.address, user=host.user, port=host.port,
-                                     connect_timeout=connect_timeout, connect_kwargs=kwargs)
-        hostkeys.configure(self.connection.client, host.label, host.known_hosts, host.port,
-                           accept_new_host_keys or host.host_key_policy == "accept-new")
-        self._open()
+        self.connect_timeout = connect_timeout
+        self.accept_new = accept_new_host_keys or host.host_key_policy == "accept-new"
+        self.logins: list[Connection] = []      # gateways first, the host itself last
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def connection(self) -> Connection:
+        return self.logins[-1]
 
     def _open(self) -> None:
-        label = self.host.label
+        route = [*self.host.via, self.host.ssh]
+        sock = None
+        for i, hop in enumerate(route):
+            last = i == len(route) - 1
+            where = self.host.label if last else (
+                f"{self.host.label}: gateway {hop.name} ({hop.shown()})")
+            login = self._login(hop, sock, where)
+            self.logins.append(login)
+            self._connect(login, hop, where)
+            if not last:
+                sock = self._tunnel(login, route[i + 1], where)
+
+    def _login(self, hop: Hop, sock: paramiko.Channel | None, where: str) -> Connection:
+        # Key files from the ssh config that do not exist are skipped, as `ssh` skips them;
+        # the agent and ~/.ssh/id_* are tried after them (paramiko's defaults, left on).
+        kwargs: dict = {"key_filename": [k for k in map(os.path.expanduser, hop.identity_files)
+                                         if os.path.exists(k)]}
+        if sock is not None:
+            kwargs["sock"] = sock
+        # The host's ssh config was read when the inventory was loaded; Fabric reads none
+        # (an empty SSHConfig) and makes no gateway of its own, whose host key it would add
+        # without asking.
+        login = Connection(host=hop.hostname, user=hop.user, port=hop.port, gateway=False,
+                           config=FabricConfig(ssh_config=paramiko.SSHConfig()),
+                           connect_timeout=self.connect_timeout, connect_kwargs=kwargs)
+        hostkeys.configure(login.client, where, self.host.known_hosts, hop.port, self.accept_new)
+        return login
+
+    def _tunnel(self, gateway: Connection, hop: Hop, where: str) -> paramiko.Channel:
         try:
-            self.connection.open()
+            return gateway.transport.open_channel(
+                "direct-tcpip", (hop.hostname, hop.port), ("", 0), timeout=self.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{where}: cannot reach {hop.hostname}:{hop.port} from there: "
+                                 f"{exc or 'no answer'}") from None
+
+    def _connect(self, login: Connection, hop: Hop, where: str) -> None:
+        try:
+            login.open()
         except hostkeys.HostKeyRefused as exc:
             raise TransportError(str(exc)) from None
         except paramiko.BadHostKeyException as exc:
             raise TransportError(
-                f"{label}: HOST KEY CHANGED: known_hosts has {hostkeys.fingerprint(exc.expected_key)},"
+                f"{where}: HOST KEY CHANGED: known_hosts has {hostkeys.fingerprint(exc.expected_key)},"
                 f" the server offers {hostkeys.fingerprint(exc.key)}. Refusing to connect; if the "
                 f"host was really reinstalled, remove its old line from {self.host.known_hosts}") from None
         except paramiko.AuthenticationException as exc:
-            raise TransportError(f"{label}: SSH authentication failed as "
-                                 f"{self.connection.user!r}: {exc}") from None
+            raise TransportError(f"{where}: SSH authentication failed as {login.user!r}"
+                                 f"{_keys_tried(hop)}: {exc}") from None
         except (socket.timeout, TimeoutError):
-            raise TransportError(f"{label}: no answer on port {self.host.port} "
+            raise TransportError(f"{where}: no answer on port {hop.port} "
                                  f"(timed out) — host down or firewalled?") from None
         except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"{label}: cannot connect to port {self.host.port}: "
+            raise TransportError(f"{where}: cannot connect to port {hop.port}: "
                                  f"{getattr(exc, 'strerror', None) or exc}") from None
 
     def _channel(self) -> paramiko.Channel:
@@ -196,7 +242,17 @@ class SshTransport:
         return SshStream(channel, self.host.label)
 
     def close(self) -> None:
-        self.connection.close()
+        for login in reversed(self.logins):
+            login.close()
+
+
+def _keys_tried(hop: Hop) -> str:
+    """Which identity files were offered, and which were missing (then the agent's keys)."""
+    if not hop.identity_files:
+        return " (ssh-agent and ~/.ssh/id_* keys)"
+    missing = [k for k in hop.identity_files if not os.path.exists(os.path.expanduser(k))]
+    return (f" (key files {', '.join(hop.identity_files)}"
+            + (f"; missing: {', '.join(missing)}" if missing else "") + "; then ssh-agent)")
 
 
 def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:

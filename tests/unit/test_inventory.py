@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from deploy.sshconfig import Hop
 from deploy.inventory import (EnvValue, Host, InventoryError, load_inventory, parse_inventory,
                               workdir_problem)
 
@@ -206,6 +207,7 @@ hosts:
                      identity_file="~/.ssh/lab", known_hosts="~/.ssh/known_hosts",
                      host_key_policy="accept-new", python="python3", workdir="/srv/tf",
                      cluster_address="", workers=2,
+                     target=Hop("10.1.2.3", "10.1.2.3", 2222, "alice", ("~/.ssh/lab",)),
                      env={"FROM_DEFAULTS": EnvValue("d"), "OVERRIDDEN": EnvValue("mine"),
                           "GREETING": EnvValue("hello"), "N": EnvValue("3"),
                           "F": EnvValue("0.5")})
