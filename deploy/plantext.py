@@ -42,8 +42,7 @@ def ssh_route(host: Host) -> str:
     gateways first to last."""
     ssh = host.ssh
     text = ssh.shown() + (f" (alias {host.address})" if ssh.hostname != host.address else "")
-    hops = [hop.name + ("" if hop.shown() in (hop.name, f"{hop.name}:22") else f" ({hop.shown()})")
-            for hop in host.via]
+    hops = [hop.described() for hop in host.via]
     return text + (" via " + ", then ".join(hops) if hops else "")
 
 

@@ -49,6 +49,11 @@ class Hop:
     def shown(self) -> str:
         return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}"
 
+    def described(self) -> str:
+        """The name as written, and the login it resolves to where that says more."""
+        shown = self.shown()
+        return self.name if shown in (self.name, f"{self.name}:22") else f"{self.name} ({shown})"
+
 
 def parse_hops(spec: str, field: str = "jump") -> list[tuple[str | None, str, int | None]]:
     """`gw`, `admin@gw:2222` or a chain `gw1,gw2` (ProxyJump syntax) as (user, host, port)."""

@@ -156,7 +156,7 @@ class SshTransport:
         for i, hop in enumerate(route):
             last = i == len(route) - 1
             where = self.host.label if last else (
-                f"{self.host.label}: gateway {hop.name} ({hop.shown()})")
+                f"{self.host.label}: gateway {hop.described()}")
             login = self._login(hop, sock, where)
             self.logins.append(login)
             self._connect(login, hop, where)

@@ -30,19 +30,20 @@ def ip(*args: str, netns: str | None = None) -> str:
     return done.stdout
 
 
-def _unused_subnets(count: int) -> list[int]:
-    """Third octets N for 10.213.N.0/30 networks that no address or route here touches."""
+def _unused_subnets(count: int, prefix: int = 30) -> list[int]:
+    """Third octets N for 10.213.N.0/<prefix> networks (prefix 24 to 30) that no address or
+    route here touches."""
     used = ip("-o", "addr", "show") + ip("route", "show", "table", "all")
     nets = [ipaddress.ip_network(w, strict=False) for w in used.split()
             if "/" in w and w[0].isdigit() and ":" not in w]
     free = []
     for n in range(1, 255):
-        candidate = ipaddress.ip_network(f"10.213.{n}.0/30")
+        candidate = ipaddress.ip_network(f"10.213.{n}.0/{prefix}")
         if f"10.213.{n}." not in used and not any(candidate.overlaps(x) for x in nets):
             free.append(n)
         if len(free) == count:
             return free
-    raise NetnsUnavailable("no unused 10.213.N.0/30 networks")
+    raise NetnsUnavailable(f"no unused 10.213.N.0/{prefix} networks")
 
 
 class NetnsHost:
