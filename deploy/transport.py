@@ -203,7 +203,13 @@ class SshTransport:
         except (socket.timeout, TimeoutError):
             raise TransportError(f"{where}: no answer on port {hop.port} "
                                  f"(timed out) — host down or firewalled?") from None
-        except (OSError, paramiko.SSHException) as exc:
+        except paramiko.SSHException as exc:
+            if "No authentication methods" not in str(exc):
+                raise TransportError(f"{where}: cannot connect to port {hop.port}: {exc}") from None
+            # No key file, no agent key, no ~/.ssh/id_*: nothing was even offered.
+            raise TransportError(f"{where}: SSH authentication failed as {login.user!r}: no key "
+                                 f"to offer{_keys_tried(hop)}") from None
+        except OSError as exc:
             raise TransportError(f"{where}: cannot connect to port {hop.port}: "
                                  f"{getattr(exc, 'strerror', None) or exc}") from None
 
@@ -249,7 +255,7 @@ class SshTransport:
 def _keys_tried(hop: Hop) -> str:
     """Which identity files were offered, and which were missing (then the agent's keys)."""
     if not hop.identity_files:
-        return " (ssh-agent and ~/.ssh/id_* keys)"
+        return " (no identity_file; tried ssh-agent and ~/.ssh/id_*)"
     missing = [k for k in hop.identity_files if not os.path.exists(os.path.expanduser(k))]
     return (f" (key files {', '.join(hop.identity_files)}"
             + (f"; missing: {', '.join(missing)}" if missing else "") + "; then ssh-agent)")

@@ -183,6 +183,8 @@ def test_keys_from_the_ssh_agent_and_only_from_it(ssh_lab, agent, tmp_path):
 
     empty_agent = inv("check", "--hosts", str(inventory), home=home, agent=sock)
     assert empty_agent.returncode == 1, empty_agent.stdout + empty_agent.stderr
+    assert (f"{hosts[0].name} ({hosts[0].address}): SSH authentication failed as "
+            f"'{ssh_lab.user}': no key to offer" in flat(empty_agent.stdout))
 
     add(ssh_lab.identity_file)
     done = inv("check", "--hosts", str(inventory), home=home, agent=sock)
