@@ -66,7 +66,7 @@ def _machine(host) -> tuple:
 
 
 def _reached(host) -> str:
-    return host.ssh.hostname + "".join(f" via {h.name}" for h in host.via)
+    return host.ssh.hostname + (" via " + ",".join(h.name for h in host.via) if host.via else "")
 
 
 def payload_problems(payload: Path, tasks: int) -> list[str]:

@@ -85,6 +85,16 @@ EXPECTED = {
     "gpus_empty": (4, "a", "gpus", ["list of GPU indices", "[]"]),
     "gpus_twice": (4, "a", "gpus", ["GPU 1 more than once"]),
     "gpus_and_cuda_env": (5, "a", "env", ["CUDA_VISIBLE_DEVICES", "set from `gpus`"]),
+    # gateways and ssh config
+    "jump_bad_port": (4, "a", "jump", ["'admin@gw:99999' is not a gateway",
+                                       "[user@]host[:port]"]),
+    "jump_with_space": (4, "a", "jump", ["no spaces"]),
+    "jump_empty_hop": (2, "a", "jump", ["'' is not a gateway"]),        # line of the default
+    "jump_on_local_host": (4, "here", "jump", ["local host is not reached over SSH"]),
+    "ssh_config_missing": (4, "a", "ssh_config", [
+        "cannot read ssh config /nonexistent/tfdeploy-test/ssh_config",
+        "No such file or directory"]),
+    "ssh_config_number": (2, "a", "ssh_config", ["must be a string", "22"]),
 }
 
 # Inputs that once slipped through or crashed the loader: (what went wrong, the exception it
