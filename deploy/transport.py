@@ -184,8 +184,9 @@ class SshTransport:
             return gateway.transport.open_channel(
                 "direct-tcpip", (hop.hostname, hop.port), ("", 0), timeout=self.connect_timeout)
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            # A refusal by the gateway is a ChannelException whose text says why.
             raise TransportError(f"{where}: cannot reach {hop.hostname}:{hop.port} from there: "
-                                 f"{exc or 'no answer'}") from None
+                                 f"{getattr(exc, 'text', None) or exc or 'no answer'}") from None
 
     def _connect(self, login: Connection, hop: Hop, where: str) -> None:
         try:
