@@ -17,36 +17,18 @@ from __future__ import annotations
 import os
 import subprocess
 
-from netns import NetnsUnavailable, _unused_subnets, ip
+from netns import Namespaces, _unused_subnets, ip
 
 
-class GatewayLan:
+class GatewayLan(Namespaces):
     def __init__(self, hosts: int = 2) -> None:
+        super().__init__()
         tag = f"{os.getpid() % 100000}"
         self.gw = f"tfg{tag}"
         self.lan_ns = [f"tfl{tag}{i}" for i in range(hosts)]
         self.up = (f"tfgu{tag}a", f"tfgu{tag}b")
         self.bridge = f"tfgb{tag}"
         self.lan_links = [(f"tfgl{tag}{i}a", f"tfgl{tag}{i}b") for i in range(hosts)]
-        self.namespaces: list[str] = []
-        self.links: list[str] = []
-
-    def __enter__(self) -> "GatewayLan":
-        try:
-            ip("netns", "add", self.gw)
-        except RuntimeError as exc:
-            raise NetnsUnavailable(f"ip netns is not permitted here: {exc}") from None
-        self.namespaces.append(self.gw)
-        try:
-            self._build()
-            self.check_exists()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _build(self) -> None:
         (up,) = _unused_subnets(1, 30)
@@ -56,6 +38,7 @@ class GatewayLan:
         self.gw_lan = f"10.213.{lan}.1"
         self.host_addresses = [f"10.213.{lan}.{i + 2}" for i in range(len(self.lan_ns))]
         gw = self.gw
+        self.add_netns(gw)
         ip("link", "set", "lo", "up", netns=gw)
         subprocess.run(["ip", "netns", "exec", gw, "sysctl", "-qw", "net.ipv4.ip_forward=0"],
                        check=True, capture_output=True, timeout=20)
@@ -69,8 +52,7 @@ class GatewayLan:
         ip("addr", "add", f"{self.gw_lan}/24", "dev", self.bridge, netns=gw)
         ip("link", "set", self.bridge, "up", netns=gw)
         for ns, (outer, inner), address in zip(self.lan_ns, self.lan_links, self.host_addresses):
-            ip("netns", "add", ns)
-            self.namespaces.append(ns)
+            self.add_netns(ns)
             ip("link", "set", "lo", "up", netns=ns)
             ip("link", "add", outer, "type", "veth", "peer", "name", inner, "netns", ns, netns=gw)
             ip("link", "set", outer, "master", self.bridge, netns=gw)
@@ -95,12 +77,3 @@ class GatewayLan:
                                   "net.ipv4.ip_forward"], capture_output=True, text=True,
                                  timeout=20)
         assert forward.stdout.strip() == "0", forward
-
-    def close(self) -> None:
-        # Deleting the root end of a veth deletes its peer and the route through it; deleting
-        # a namespace deletes the links and the bridge inside it.
-        for link in reversed(self.links):
-            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=20)
-        for ns in reversed(self.namespaces):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
-        self.links, self.namespaces = [], []

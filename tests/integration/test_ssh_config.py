@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -59,6 +58,14 @@ def only_run(runs: Path) -> Path:
 def write_yaml(path: Path, data) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def train(inventory: Path, runs: Path, home: Path) -> Path:
+    """`inv train` of the quick payload run, which must exit 0; its local run directory."""
+    done = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--args", QUICK,
+               home=home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return only_run(runs)
 
 
 def assert_trained_and_gone(run_dir: Path, hosts) -> dict:
@@ -111,11 +118,7 @@ def test_hosts_known_by_ssh_config_alias_check_and_train(ssh_lab, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"lab-{hosts[0].name} (cluster {hosts[0].address})" in done.stdout
 
-    runs = tmp_path / "runs"
-    done = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--args", QUICK,
-               home=home)
-    assert done.returncode == 0, done.stdout + done.stderr
-    record = assert_trained_and_gone(only_run(runs), hosts)
+    record = assert_trained_and_gone(train(inventory, tmp_path / "runs", home), hosts)
     assert [t["endpoint"].rsplit(":", 1)[0] for t in record["tasks"]] == [
         h.address for h in hosts]
     # The record keeps the resolved login: a reattach does not depend on the config file.
@@ -194,15 +197,6 @@ def test_keys_from_the_ssh_agent_and_only_from_it(ssh_lab, agent, tmp_path):
 
 # ---- (c) hosts behind a gateway ------------------------------------------------------------
 
-@pytest.fixture
-def gateway_lan():
-    try:
-        with GatewayLan(hosts=2) as lan:
-            yield lan
-    except NetnsUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 def reachable(address: str, port: int, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((address, port), timeout=timeout):
@@ -211,102 +205,103 @@ def reachable(address: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def test_hosts_behind_a_gateway_train_directly_with_each_other(gateway_lan, tmp_path):
-    lan = gateway_lan
+@pytest.fixture
+def gateway_lab(tmp_path):
+    """sshd on a gateway namespace and on two LAN hosts behind it: (lan, lab, gateway, hosts).
+    Checked first: this machine reaches the gateway's sshd and not the hosts'."""
+    try:
+        with GatewayLan(hosts=2) as lan, SshLab(tmp_path / "lab") as lab:
+            gw = lab.start_in_netns(lan.gw, lan.gw_address)
+            hosts = [lab.start_in_netns(ns, address, reachable=False)
+                     for ns, address in zip(lan.lan_ns, lan.host_addresses)]
+            lan.check_exists()
+            assert reachable(gw.address, gw.port)
+            for host in hosts:
+                assert not reachable(host.address, host.port), f"{host.address} is reachable"
+            yield lan, lab, gw, hosts
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_hosts_behind_a_gateway_train_directly_with_each_other(gateway_lab, tmp_path):
+    lan, lab, gw, hosts = gateway_lab
     home = empty_home(tmp_path)
-    with SshLab(tmp_path / "lab") as lab:
-        gw = lab.start_in_netns(lan.gw, lan.gw_address)
-        hosts = [lab.start_in_netns(ns, address, reachable=False)
-                 for ns, address in zip(lan.lan_ns, lan.host_addresses)]
-        lan.check_exists()
-        assert reachable(gw.address, gw.port)
-        for host in hosts:
-            assert not reachable(host.address, host.port), f"{host.address} is reachable directly"
+    jump = f"{lab.user}@{gw.address}:{gw.port}"
+    inventory = lab.write_inventory(tmp_path / "lan.yaml", hosts, jump=jump,
+                                    ssh_config="none")
+    plan = inv("train", "--hosts", str(inventory), "--dry-run", home=home)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert f"ssh {lab.user}@{hosts[0].address}:{hosts[0].port} via {jump}" in plan.stdout
 
-        jump = f"{lab.user}@{gw.address}:{gw.port}"
-        inventory = lab.write_inventory(tmp_path / "lan.yaml", hosts, jump=jump,
-                                        ssh_config="none")
-        plan = inv("train", "--hosts", str(inventory), "--dry-run", home=home)
-        assert plan.returncode == 0, plan.stdout + plan.stderr
-        assert f"ssh {lab.user}@{hosts[0].address}:{hosts[0].port} via {jump}" in plan.stdout
+    runs = tmp_path / "runs"
+    run_dir = train(inventory, runs, home)
+    record = assert_trained_and_gone(run_dir, hosts)
+    # TF_CONFIG names the hosts' LAN addresses: training traffic goes between the hosts,
+    # across the LAN, not through the gateway (which does not forward anyway).
+    cluster = json.loads((run_dir / "plan.json").read_text())["hosts"][0]["tasks"][0][
+        "tf_config"]["cluster"]["worker"]
+    assert [w.rsplit(":", 1)[0] for w in cluster] == lan.host_addresses
+    assert [t["endpoint"] for t in record["tasks"]] == cluster
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["losses_agree"], summary
+    # The SSH sessions came from the gateway's LAN address.
+    for host in hosts:
+        assert f"Connection from {lan.gw_lan} port" in host.log.read_text()
 
-        runs = tmp_path / "runs"
-        done = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--args", QUICK,
-                   home=home)
-        assert done.returncode == 0, done.stdout + done.stderr
-        run_dir = only_run(runs)
-        record = assert_trained_and_gone(run_dir, hosts)
-        # TF_CONFIG names the hosts' LAN addresses: training traffic goes between the hosts,
-        # across the LAN, not through the gateway (which does not forward anyway).
-        cluster = json.loads((run_dir / "plan.json").read_text())["hosts"][0]["tasks"][0][
-            "tf_config"]["cluster"]["worker"]
-        assert [w.rsplit(":", 1)[0] for w in cluster] == lan.host_addresses
-        assert [t["endpoint"] for t in record["tasks"]] == cluster
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["exit_code"] == 0 and summary["losses_agree"], summary
-        # The SSH sessions came from the gateway's LAN address.
-        for host in hosts:
-            assert f"Connection from {lan.gw_lan} port" in host.log.read_text()
-
-        # A reattaching controller reaches the run through the recorded gateway.
-        detached = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--args",
-                       "--epochs 50 --steps-per-epoch 5", "--detach", home=home)
-        assert detached.returncode == 0, detached.stdout + detached.stderr
-        run_id = next(p.name for p in runs.iterdir() if p.name != run_dir.name)
-        status = inv("status", "--runs-dir", str(runs), "--run", run_id, home=home)
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert "running" in status.stdout
-        down = inv("down", "--runs-dir", str(runs), "--run", run_id, home=home)
-        assert down.returncode == 0, down.stdout + down.stderr
-        assert wait_until_gone(run_id, timeout=5) == []
+    # A reattaching controller reaches the run through the recorded gateway.
+    detached = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--args",
+                   "--epochs 50 --steps-per-epoch 5", "--detach", home=home)
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    run_id = next(p.name for p in runs.iterdir() if p.name != run_dir.name)
+    status = inv("status", "--runs-dir", str(runs), "--run", run_id, home=home)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "running" in status.stdout
+    down = inv("down", "--runs-dir", str(runs), "--run", run_id, home=home)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert wait_until_gone(run_id, timeout=5) == []
 
 
-def test_proxyjump_in_ssh_config_and_errors_that_name_the_hop(gateway_lan, tmp_path):
-    lan = gateway_lan
+def test_proxyjump_in_ssh_config_and_errors_that_name_the_hop(gateway_lab, tmp_path):
+    lan, lab, gw, hosts = gateway_lab
     home = empty_home(tmp_path)
-    with SshLab(tmp_path / "lab") as lab:
-        gw = lab.start_in_netns(lan.gw, lan.gw_address)
-        hosts = [lab.start_in_netns(ns, address, reachable=False)
-                 for ns, address in zip(lan.lan_ns, lan.host_addresses)]
-        lan.check_exists()
-        config = tmp_path / "ssh_config"
-        config.write_text(
-            f"Host gateway\n    HostName {gw.address}\n    Port {gw.port}\n"
-            f"Host lan-*\n    ProxyJump gateway\n    Port {hosts[0].port}\n"
-            + "".join(f"Host lan-{h.name}\n    HostName {h.address}\n" for h in hosts)
-            + f"Host *\n    User {lab.user}\n    IdentityFile {lab.identity_file}\n"
-            f"    UserKnownHostsFile {lab.known_hosts}\n")
-        inventory = write_yaml(tmp_path / "lan.yaml", {
-            "defaults": {"python": sys.executable, "ssh_config": str(config)},
-            "hosts": [{"name": h.name, "address": f"lan-{h.name}", "workdir": str(h.workdir)}
-                      for h in hosts]})
-        done = inv("check", "--hosts", str(inventory), home=home)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert f"lan-{hosts[0].name} (cluster {hosts[0].address}) via gateway" in done.stdout
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host gateway\n    HostName {gw.address}\n    Port {gw.port}\n"
+        f"Host lan-*\n    ProxyJump gateway\n    Port {hosts[0].port}\n"
+        + "".join(f"Host lan-{h.name}\n    HostName {h.address}\n" for h in hosts)
+        + f"Host *\n    User {lab.user}\n    IdentityFile {lab.identity_file}\n"
+        f"    UserKnownHostsFile {lab.known_hosts}\n")
+    inventory = write_yaml(tmp_path / "lan.yaml", {
+        "defaults": {"python": sys.executable, "ssh_config": str(config)},
+        "hosts": [{"name": h.name, "address": f"lan-{h.name}", "workdir": str(h.workdir)}
+                  for h in hosts]})
+    done = inv("check", "--hosts", str(inventory), home=home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"lan-{hosts[0].name} (cluster {hosts[0].address}) via gateway" in done.stdout
 
-        # The gateway's host key is checked like the host's: unknown to this known_hosts,
-        # it is refused (never added silently), and the message names the gateway.
-        bare = tmp_path / "known_hosts_without_gateway"
-        bare.write_text("".join(h.known_hosts_line() for h in hosts))
-        config.write_text(config.read_text().replace(str(lab.known_hosts), str(bare)))
-        done = inv("check", "--hosts", str(inventory), home=home)
-        out = flat(done.stdout)
-        assert done.returncode == 1, done.stdout + done.stderr
-        assert (f"{hosts[0].name} (lan-{hosts[0].name} = {hosts[0].address} via gateway): "
-                f"gateway gateway ({lab.user}@{gw.address}:{gw.port}): host key not in {bare}"
-                in out), out
-        assert bare.read_text().count("\n") == len(hosts)
+    # The gateway's host key is checked like the host's: unknown to this known_hosts,
+    # it is refused (never added silently), and the message names the gateway.
+    bare = tmp_path / "known_hosts_without_gateway"
+    bare.write_text("".join(h.known_hosts_line() for h in hosts))
+    config.write_text(config.read_text().replace(str(lab.known_hosts), str(bare)))
+    done = inv("check", "--hosts", str(inventory), home=home)
+    out = flat(done.stdout)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (f"{hosts[0].name} (lan-{hosts[0].name} = {hosts[0].address} via gateway): "
+            f"gateway gateway ({lab.user}@{gw.address}:{gw.port}): host key not in {bare}"
+            in out), out
+    assert bare.read_text().count("\n") == len(hosts)
 
-        # A LAN address where nothing is: the gateway is reached, the host is not.
-        nobody = lan.host_addresses[-1].rsplit(".", 1)[0] + ".200"
-        stray = write_yaml(tmp_path / "stray.yaml", {
-            "defaults": {"python": sys.executable, "ssh_config": "none",
-                         "known_hosts": str(lab.known_hosts),
-                         "identity_file": str(lab.identity_file)},
-            "hosts": [{"name": "stray", "address": nobody, "port": gw.port,
-                       "jump": f"{gw.address}:{gw.port}", "workdir": str(tmp_path / "w")}]})
-        done = inv("check", "--hosts", str(stray), "--connect-timeout", "5", home=home)
-        out = flat(done.stdout)
-        assert done.returncode == 1, done.stdout + done.stderr
-        assert (f"stray ({nobody} via {gw.address}:{gw.port}): gateway {gw.address}:{gw.port}: "
-                f"cannot reach {nobody}:{gw.port} from there" in out), out
+    # A LAN address where nothing is: the gateway is reached, the host is not.
+    nobody = lan.host_addresses[-1].rsplit(".", 1)[0] + ".200"
+    stray = write_yaml(tmp_path / "stray.yaml", {
+        "defaults": {"python": sys.executable, "ssh_config": "none",
+                     "known_hosts": str(lab.known_hosts),
+                     "identity_file": str(lab.identity_file)},
+        "hosts": [{"name": "stray", "address": nobody, "port": gw.port,
+                   "jump": f"{gw.address}:{gw.port}", "workdir": str(tmp_path / "w")}]})
+    done = inv("check", "--hosts", str(stray), "--connect-timeout", "5", home=home)
+    out = flat(done.stdout)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (f"stray ({nobody} via {gw.address}:{gw.port}): gateway {gw.address}:{gw.port}: "
+            f"cannot reach {nobody}:{gw.port} from there" in out), out
