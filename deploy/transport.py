@@ -157,13 +157,14 @@ class SshTransport:
             last = i == len(route) - 1
             where = self.host.label if last else (
                 f"{self.host.label}: gateway {hop.described()}")
-            login = self._login(hop, sock, where)
+            login = self._login(hop, sock, where, _scan_from(route[:i]))
             self.logins.append(login)
             self._connect(login, hop, where)
             if not last:
                 sock = self._tunnel(login, route[i + 1], where)
 
-    def _login(self, hop: Hop, sock: paramiko.Channel | None, where: str) -> Connection:
+    def _login(self, hop: Hop, sock: paramiko.Channel | None, where: str,
+               scan_from: str) -> Connection:
         # Key files from the ssh config that do not exist are skipped, as `ssh` skips them;
         # the agent and ~/.ssh/id_* are tried after them (paramiko's defaults, left on).
         kwargs: dict = {"key_filename": [k for k in map(os.path.expanduser, hop.identity_files)
@@ -176,7 +177,8 @@ class SshTransport:
         login = Connection(host=hop.hostname, user=hop.user, port=hop.port, gateway=False,
                            config=FabricConfig(ssh_config=paramiko.SSHConfig()),
                            connect_timeout=self.connect_timeout, connect_kwargs=kwargs)
-        hostkeys.configure(login.client, where, self.host.known_hosts, hop.port, self.accept_new)
+        hostkeys.configure(login.client, where, self.host.known_hosts, hop.port, self.accept_new,
+                           scan_from)
         return login
 
     def _tunnel(self, gateway: Connection, hop: Hop, where: str) -> paramiko.Channel:
@@ -251,6 +253,14 @@ class SshTransport:
     def close(self) -> None:
         for login in reversed(self.logins):
             login.close()
+
+
+def _scan_from(hops: list[Hop]) -> str:
+    """How to run ssh-keyscan where a hop is reachable: on the gateway before it, if any."""
+    if not hops:
+        return ""
+    jump = f"-J {','.join(h.shown() for h in hops[:-1])} " if len(hops) > 1 else ""
+    return f"ssh {jump}ssh://{hops[-1].shown()} "
 
 
 def _keys_tried(hop: Hop) -> str:

@@ -137,7 +137,7 @@ def test_an_alias_whose_key_is_unknown_is_refused_at_its_hostname_and_port(tmp_p
         out = flat(done.stdout)
         assert done.returncode == 1, done.stdout + done.stderr
         assert f"{host.name} (lab-{host.name} = {host.address}): host key not in" in out
-        assert f"ssh-keyscan -p {host.port} {host.address}" in out
+        assert f"ssh-keyscan -p {host.port} {host.address} >> {lab.known_hosts}" in out
         # Once its key is in known_hosts under [HostName]:Port, the alias connects.
         with open(lab.known_hosts, "a") as f:
             f.write(host.known_hosts_line())
@@ -291,6 +291,15 @@ def test_proxyjump_in_ssh_config_and_errors_that_name_the_hop(gateway_lab, tmp_p
             f"gateway gateway ({lab.user}@{gw.address}:{gw.port}): host key not in {bare}"
             in out), out
     assert bare.read_text().count("\n") == len(hosts)
+    # A host's key unknown behind a known gateway: refused, with a keyscan run on the gateway.
+    gateway_only = tmp_path / "known_hosts_gateway_only"
+    gateway_only.write_text(gw.known_hosts_line())
+    config.write_text(config.read_text().replace(str(bare), str(gateway_only)))
+    out = flat(inv("check", "--hosts", str(inventory), home=home).stdout)
+    assert (f"{hosts[0].name} (lan-{hosts[0].name} = {hosts[0].address} via gateway): host key "
+            f"not in {gateway_only}" in out), out
+    assert (f"ssh ssh://{lab.user}@{gw.address}:{gw.port} ssh-keyscan -p {hosts[0].port} "
+            f"{hosts[0].address} >> {gateway_only}" in out), out
 
     # A LAN address where nothing is: the gateway is reached, the host is not.
     nobody = lan.host_addresses[-1].rsplit(".", 1)[0] + ".200"

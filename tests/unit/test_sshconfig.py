@@ -7,9 +7,10 @@ import dataclasses
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
-from deploy import sshconfig
+from deploy import hostkeys, sshconfig
 from deploy.inventory import InventoryError, load_inventory
 from deploy.lints import cluster_problems, endpoint_problems
 from deploy.planner import Options, plan_run
@@ -237,3 +238,17 @@ def test_the_record_keeps_the_resolved_logins_whatever_the_config_says_later(tmp
     assert list(old) == [dataclasses.replace(h, target=None, via=(), jump=None,
                                              ssh_config=sshconfig.DEFAULT_FILE)
                          for h in inv.hosts]
+
+
+def test_the_keyscan_hint_names_the_address_and_where_to_run_it():
+    key = paramiko.RSAKey.generate(1024)
+    for name, scan_from, hint in [
+            ("[10.0.0.5]:2222", "", "ssh-keyscan -p 2222 10.0.0.5 >> /kh"),
+            ("gw.example", "", "ssh-keyscan -p 22 gw.example >> /kh"),
+            ("[10.0.0.5]:2222", "ssh ssh://admin@gw:22 ",
+             "ssh ssh://admin@gw:22 ssh-keyscan -p 2222 10.0.0.5 >> /kh")]:
+        port = int(name.rsplit(":", 1)[1]) if name.startswith("[") else 22
+        policy = hostkeys.RefuseUnknown("a (x)", Path("/kh"), port, scan_from)
+        with pytest.raises(hostkeys.HostKeyRefused) as caught:
+            policy.missing_host_key(None, name, key)
+        assert str(caught.value).endswith("or add it with: " + hint)
