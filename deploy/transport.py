@@ -1,5 +1,6 @@
 """One interface for running commands on a host, with two implementations: SSH (one Fabric
-connection per host, reused for every step) and local subprocesses for `transport: local`.
+connection per host, reused for every step; see sshlogin.py) and local subprocesses for
+`transport: local`.
 
 Both run a command line in a POSIX shell, feed it bytes on stdin and return its exit code and
 output as bytes, so the executor never knows which kind of host it talks to.
@@ -14,11 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import paramiko
-from fabric import Config as FabricConfig, Connection
 
-from . import hostkeys
 from .inventory import Host
-from .sshconfig import Hop
+from .sshlogin import HostLogin, LoginFailed
 
 SEND_SLICE = 256 << 10
 
@@ -130,91 +129,16 @@ class LocalTransport:
 
 
 class SshTransport:
-    """One SSH login per host, through its gateways if it has any (`jump:` or a ProxyJump in
-    the ssh config): each gateway is a login of its own, host key checked against the same
-    known_hosts with the same policy, and the next hop is reached over a direct-tcpip channel
-    from it. Only the SSH session goes through a gateway; training traffic does not."""
+    """One SSH login per host, reused for every step (deploy/sshlogin.py: gateways, keys)."""
 
     def __init__(self, host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
         self.host = host
-        self.connect_timeout = connect_timeout
-        self.accept_new = accept_new_host_keys or host.host_key_policy == "accept-new"
-        self.logins: list[Connection] = []      # gateways first, the host itself last
         try:
-            self._open()
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def connection(self) -> Connection:
-        return self.logins[-1]
-
-    def _open(self) -> None:
-        route = [*self.host.via, self.host.ssh]
-        sock = None
-        for i, hop in enumerate(route):
-            last = i == len(route) - 1
-            where = self.host.label if last else (
-                f"{self.host.label}: gateway {hop.described()}")
-            login = self._login(hop, sock, where, _scan_from(route[:i]))
-            self.logins.append(login)
-            self._connect(login, hop, where)
-            if not last:
-                sock = self._tunnel(login, route[i + 1], where)
-
-    def _login(self, hop: Hop, sock: paramiko.Channel | None, where: str,
-               scan_from: str) -> Connection:
-        # Key files from the ssh config that do not exist are skipped, as `ssh` skips them;
-        # the agent and ~/.ssh/id_* are tried after them (paramiko's defaults, left on).
-        kwargs: dict = {"key_filename": [k for k in map(os.path.expanduser, hop.identity_files)
-                                         if os.path.exists(k)]}
-        if sock is not None:
-            kwargs["sock"] = sock
-        # The host's ssh config was read when the inventory was loaded; Fabric reads none
-        # (an empty SSHConfig) and makes no gateway of its own, whose host key it would add
-        # without asking.
-        login = Connection(host=hop.hostname, user=hop.user, port=hop.port, gateway=False,
-                           config=FabricConfig(ssh_config=paramiko.SSHConfig()),
-                           connect_timeout=self.connect_timeout, connect_kwargs=kwargs)
-        hostkeys.configure(login.client, where, self.host.known_hosts, hop.port, self.accept_new,
-                           scan_from)
-        return login
-
-    def _tunnel(self, gateway: Connection, hop: Hop, where: str) -> paramiko.Channel:
-        try:
-            return gateway.transport.open_channel(
-                "direct-tcpip", (hop.hostname, hop.port), ("", 0), timeout=self.connect_timeout)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            # A refusal by the gateway is a ChannelException whose text says why.
-            raise TransportError(f"{where}: cannot reach {hop.hostname}:{hop.port} from there: "
-                                 f"{getattr(exc, 'text', None) or exc or 'no answer'}") from None
-
-    def _connect(self, login: Connection, hop: Hop, where: str) -> None:
-        try:
-            login.open()
-        except hostkeys.HostKeyRefused as exc:
+            self.login = HostLogin(host, connect_timeout,
+                                   accept_new_host_keys or host.host_key_policy == "accept-new")
+        except LoginFailed as exc:
             raise TransportError(str(exc)) from None
-        except paramiko.BadHostKeyException as exc:
-            raise TransportError(
-                f"{where}: HOST KEY CHANGED: known_hosts has {hostkeys.fingerprint(exc.expected_key)},"
-                f" the server offers {hostkeys.fingerprint(exc.key)}. Refusing to connect; if the "
-                f"host was really reinstalled, remove its old line from {self.host.known_hosts}") from None
-        except paramiko.AuthenticationException as exc:
-            raise TransportError(f"{where}: SSH authentication failed as {login.user!r}"
-                                 f"{_keys_tried(hop)}: {exc}") from None
-        except (socket.timeout, TimeoutError):
-            raise TransportError(f"{where}: no answer on port {hop.port} "
-                                 f"(timed out) — host down or firewalled?") from None
-        except paramiko.SSHException as exc:
-            if "No authentication methods" not in str(exc):
-                raise TransportError(f"{where}: cannot connect to port {hop.port}: {exc}") from None
-            # No key file, no agent key, no ~/.ssh/id_*: nothing was even offered.
-            raise TransportError(f"{where}: SSH authentication failed as {login.user!r}: no key "
-                                 f"to offer{_keys_tried(hop)}") from None
-        except OSError as exc:
-            raise TransportError(f"{where}: cannot connect to port {hop.port}: "
-                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+        self.connection = self.login.connection
 
     def _channel(self) -> paramiko.Channel:
         try:
@@ -251,25 +175,7 @@ class SshTransport:
         return SshStream(channel, self.host.label)
 
     def close(self) -> None:
-        for login in reversed(self.logins):
-            login.close()
-
-
-def _scan_from(hops: list[Hop]) -> str:
-    """How to run ssh-keyscan where a hop is reachable: on the gateway before it, if any."""
-    if not hops:
-        return ""
-    jump = f"-J {','.join(h.shown() for h in hops[:-1])} " if len(hops) > 1 else ""
-    return f"ssh {jump}ssh://{hops[-1].shown()} "
-
-
-def _keys_tried(hop: Hop) -> str:
-    """Which identity files were offered, and which were missing (then the agent's keys)."""
-    if not hop.identity_files:
-        return " (no identity_file; tried ssh-agent and ~/.ssh/id_*)"
-    missing = [k for k in hop.identity_files if not os.path.exists(os.path.expanduser(k))]
-    return (f" (key files {', '.join(hop.identity_files)}"
-            + (f"; missing: {', '.join(missing)}" if missing else "") + "; then ssh-agent)")
+        self.login.close()
 
 
 def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:

@@ -275,9 +275,12 @@ def test_proxyjump_in_ssh_config_and_errors_that_name_the_hop(gateway_lab, tmp_p
         "defaults": {"python": sys.executable, "ssh_config": str(config)},
         "hosts": [{"name": h.name, "address": f"lan-{h.name}", "workdir": str(h.workdir)}
                   for h in hosts]})
+    logins = gw.log.read_text().count("Accepted publickey")
     done = inv("check", "--hosts", str(inventory), home=home)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"lan-{hosts[0].name} (cluster {hosts[0].address}) via gateway" in done.stdout
+    # Both hosts' sessions went over one login to the gateway.
+    assert gw.log.read_text().count("Accepted publickey") - logins == 1
 
     # The gateway's host key is checked like the host's: unknown to this known_hosts,
     # it is refused (never added silently), and the message names the gateway.
