@@ -252,7 +252,7 @@ def test_hosts_behind_a_gateway_train_directly_with_each_other(gateway_lab, tmp_
     detached = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--args",
                    "--epochs 50 --steps-per-epoch 5", "--detach", home=home)
     assert detached.returncode == 0, detached.stdout + detached.stderr
-    run_id = next(p.name for p in runs.iterdir() if p.name != run_dir.name)
+    run_id = next(p.name for p in runs.iterdir() if p.is_dir() and p != run_dir)
     status = inv("status", "--runs-dir", str(runs), "--run", run_id, home=home)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "running" in status.stdout
