@@ -96,7 +96,9 @@ class Host:
             return self.name
         where = self.address if self.ssh.hostname == self.address else (
             f"{self.address} = {self.ssh.hostname}")
-        return f"{self.name} ({where}{' via ' + ','.join(h.name for h in self.via) if self.via else ''})"
+        if self.via:
+            where += " via " + ",".join(hop.name for hop in self.via)
+        return f"{self.name} ({where})"
 
 
 @dataclass(frozen=True)
