@@ -207,6 +207,8 @@ def rows(report: CheckReport) -> list[list[str]]:
         address = "local" if c.host.transport == "local" else c.host.address
         if c.host.tf_address != c.host.address:
             address += f" (cluster {c.host.tf_address})"
+        if c.host.via:
+            address += " via " + ",".join(h.name for h in c.host.via)
         probe = c.probe or {}
         versions = probe.get("versions", {})
         cells = [c.host.name, address, probe.get("python", "-")]

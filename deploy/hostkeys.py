@@ -18,6 +18,13 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+def _address(known_hosts_name: str) -> str:
+    """`[10.0.0.5]:2222` -> `10.0.0.5`; a name on port 22 is the address itself."""
+    if known_hosts_name.startswith("["):
+        return known_hosts_name[1:known_hosts_name.index("]")]
+    return known_hosts_name
+
+
 class HostKeyRefused(Exception):
     pass
 
@@ -25,15 +32,16 @@ class HostKeyRefused(Exception):
 class RefuseUnknown(paramiko.MissingHostKeyPolicy):
     """Refuse a host whose key is not in known_hosts, saying how to accept it."""
 
-    def __init__(self, label: str, known_hosts: Path, port: int):
+    def __init__(self, label: str, known_hosts: Path, port: int, scan_from: str = ""):
         self.label, self.known_hosts, self.port = label, known_hosts, port
+        self.scan_from = scan_from       # e.g. `ssh ssh://gw:22 `: a host behind a gateway
 
     def missing_host_key(self, client, hostname, key):
         raise HostKeyRefused(
             f"{self.label}: host key not in {self.known_hosts} ({key.get_name()} "
             f"{fingerprint(key)}). If that fingerprint is right, accept it once with "
             f"--accept-new-host-keys (or host_key_policy: accept-new in the inventory), "
-            f"or add it with: ssh-keyscan -p {self.port} {hostname.strip('[]').rsplit(':', 1)[0]}"
+            f"or add it with: {self.scan_from}ssh-keyscan -p {self.port} {_address(hostname)}"
             f" >> {self.known_hosts}")
 
 
@@ -52,11 +60,11 @@ class AcceptNew(paramiko.MissingHostKeyPolicy):
 
 
 def configure(client: paramiko.SSHClient, label: str, known_hosts: str, port: int,
-              accept_new: bool) -> None:
+              accept_new: bool, scan_from: str = "") -> None:
     """Load known_hosts and set the policy for keys it lacks. A changed key is always
     refused: paramiko raises BadHostKeyException before any policy is asked."""
     path = Path(known_hosts).expanduser()
     if path.exists():
         client.load_host_keys(str(path))
-    policy = AcceptNew(path) if accept_new else RefuseUnknown(label, path, port)
+    policy = AcceptNew(path) if accept_new else RefuseUnknown(label, path, port, scan_from)
     client.set_missing_host_key_policy(policy)

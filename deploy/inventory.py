@@ -15,7 +15,9 @@ from typing import Any, Mapping
 
 import yaml
 
+from . import sshconfig
 from .datasource import DataSource, parse_data
+from .sshconfig import Hop, SshConfigError, SshConfigs
 
 TRANSPORTS = ("ssh", "local")
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -59,8 +61,8 @@ class Host:
     name: str
     address: str
     transport: str = "ssh"
-    port: int = 22
-    user: str | None = None
+    port: int | None = None          # as given; None: the ssh config's Port, else 22
+    user: str | None = None          # as given; None: the ssh config's User, else the local user
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     host_key_policy: str = "strict"
@@ -72,15 +74,33 @@ class Host:
     own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
     gpus: tuple[int, ...] | str | None = None   # one task per listed GPU, or "all" for one task
     data: DataSource | None = None   # TFDEPLOY_DATA_DIR: local dir pushed by content, or remote
+    ssh_config: str = sshconfig.DEFAULT_FILE
+    jump: str | None = None          # gateway(s), ProxyJump syntax, as given
+    # Resolved through the ssh config when the inventory is loaded (see deploy/sshconfig.py).
+    target: Hop | None = None
+    via: tuple[Hop, ...] = ()        # gateways, first hop first
+
+    @property
+    def ssh(self) -> Hop:
+        """How the controller logs in: resolved, or else the inventory's values as they are."""
+        return self.target or Hop(self.address, self.address, self.port or 22, self.user,
+                                  (self.identity_file,) if self.identity_file else ())
 
     @property
     def tf_address(self) -> str:
-        """The address other tasks use to reach this host's TensorFlow ports."""
-        return self.cluster_address or self.address
+        """The address other tasks use to reach this host's TensorFlow ports: an ssh-config
+        alias means nothing on the other hosts, so by default it is the alias's HostName."""
+        return self.cluster_address or self.ssh.hostname
 
     @property
     def label(self) -> str:
-        return self.name if self.transport == "local" else f"{self.name} ({self.address})"
+        if self.transport == "local":
+            return self.name
+        where = self.address if self.ssh.hostname == self.address else (
+            f"{self.address} = {self.ssh.hostname}")
+        if self.via:
+            where += " via " + ",".join(hop.name for hop in self.via)
+        return f"{self.name} ({where})"
 
 
 @dataclass(frozen=True)
@@ -97,7 +117,7 @@ HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
     "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
     "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
-    "data": dict,
+    "data": dict, "ssh_config": str, "jump": str,
 }
 DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
 TOP_FIELDS = ("defaults", "hosts")
@@ -174,11 +194,12 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
         raise InventoryError(file, "must be a non-empty list of hosts", field="hosts",
                              line=where.line("hosts"))
     hosts: list[Host] = []
+    configs = SshConfigs()
     for i, raw in enumerate(raw_hosts):
         if not isinstance(raw, dict):
             raise InventoryError(file, f"host #{i + 1} must be a mapping", field="hosts",
                                  line=where.line("hosts", i))
-        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ))
+        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ, configs))
     _check_unique(file, where, hosts)
     return Inventory(path=file, hosts=tuple(hosts))
 
@@ -197,7 +218,7 @@ def _unknown(key: Any, known: Mapping) -> str:
 
 
 def _host(file: str, where: _Located, i: int, raw: dict, own: set,
-          environ: Mapping[str, str]) -> Host:
+          environ: Mapping[str, str], configs: SshConfigs) -> Host:
     name = raw.get("name")
     label = name if isinstance(name, str) else f"#{i + 1}"
 
@@ -235,12 +256,12 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         if transport != "local":
             raise fail("address", "missing (how the controller reaches this host over SSH)")
         address = "127.0.0.1"
-    for key in ("address", "cluster_address", "user", "python"):
+    for key in ("address", "cluster_address", "user", "python", "ssh_config", "jump"):
         value = raw.get(key)
         if value is not None and (not value or any(c.isspace() for c in value) or "\0" in value):
             raise fail(key, f"must be non-empty with no spaces, not {value!r}")
-    port = raw.get("port", 22)
-    if not 1 <= port <= 65535:
+    port = raw.get("port")
+    if port is not None and not 1 <= port <= 65535:
         raise fail("port", f"must be between 1 and 65535, not {port}")
     workers = raw.get("workers", 1)
     if workers < 1:
@@ -263,15 +284,34 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     data = raw.get("data")
     if data is not None:
         data = parse_data(data, Path(file).parent, lambda msg: fail("data", msg))
+    ssh = _ssh_route(raw, address, transport, configs, fail)
     return Host(
         name=name, address=address, transport=transport, port=port, user=raw.get("user"),
         identity_file=raw.get("identity_file"),
-        known_hosts=raw.get("known_hosts", "~/.ssh/known_hosts"), host_key_policy=policy,
+        known_hosts=raw.get("known_hosts") or ssh.get("known_hosts") or "~/.ssh/known_hosts",
+        host_key_policy=policy,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
         cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
         own_python="python" in raw, gpus=gpus, data=data,
+        ssh_config=raw.get("ssh_config", sshconfig.DEFAULT_FILE), jump=raw.get("jump"),
+        target=ssh.get("target"), via=ssh.get("via", ()),
     )
+
+
+def _ssh_route(raw: dict, address: str, transport: str, configs: SshConfigs, fail) -> dict:
+    """The host's login and gateways through its ssh config (nothing for a local host)."""
+    if transport == "local":
+        if raw.get("jump") is not None:
+            raise fail("jump", "a local host is not reached over SSH; remove jump")
+        return {}
+    try:
+        target, via, known_hosts = sshconfig.host_route(
+            configs, raw.get("ssh_config", sshconfig.DEFAULT_FILE), address, raw.get("port"),
+            raw.get("user"), raw.get("identity_file"), raw.get("jump"))
+    except SshConfigError as exc:
+        raise fail(exc.field, str(exc)) from None
+    return {"target": target, "via": via, "known_hosts": known_hosts}
 
 
 def _gpus(raw: dict, fail) -> tuple[int, ...] | str | None:
@@ -350,7 +390,11 @@ def _check_unique(file: str, where: _Located, hosts: list[Host]) -> None:
         seen[host.name] = i
     targets: dict[tuple, str] = {}
     for i, host in enumerate(hosts):
-        target = ("local",) if host.transport == "local" else (host.address, host.port, host.user)
+        # Resolved values: two aliases of one machine are one machine; the same private
+        # address behind two different gateways is two.
+        ssh = host.ssh
+        target = ("local",) if host.transport == "local" else (
+            ssh.hostname, ssh.port, ssh.user, tuple(h.shown() for h in host.via))
         key = target + (host.workdir,)
         if key in targets:
             raise InventoryError(

@@ -49,14 +49,24 @@ def endpoint_problems(inventory: Inventory) -> list[str]:
     problems, first = [], {}
     for host in inventory.hosts:
         other = first.setdefault(host.tf_address.lower(), host)
-        if other is not host and other.address != host.address:
+        if other is not host and _machine(other) != _machine(host):
             problems.append(
                 f"{inventory.path}: host {host.name!r}: cluster address {host.tf_address!r} is "
                 f"also that of host {other.name!r}, but they are reached at different SSH addresses "
-                f"({other.address}, {host.address}); the other hosts would dial {host.name}'s "
+                f"({_reached(other)}, {_reached(host)}); the other hosts would dial {host.name}'s "
                 f"tasks on {other.name}: set cluster_address to the address of {host.name} "
                 f"itself")
     return problems
+
+
+def _machine(host) -> tuple:
+    """The machine an SSH login reaches: its resolved address, behind the same gateways (an
+    alias and its HostName are one machine; one private address behind two gateways is two)."""
+    return (host.ssh.hostname.lower(), tuple(h.shown() for h in host.via))
+
+
+def _reached(host) -> str:
+    return host.ssh.hostname + (" via " + ",".join(h.name for h in host.via) if host.via else "")
 
 
 def payload_problems(payload: Path, tasks: int) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from .inventory import Host
 from .planner import HostPlan, RunPlan
 
 
@@ -18,6 +19,7 @@ def plan_document(plan: RunPlan) -> dict:
             "name": hp.host.name,
             "transport": hp.host.transport,
             "address": hp.host.address,
+            **({"ssh": ssh_route(hp.host)} if hp.host.transport == "ssh" else {}),
             "run_dir": hp.run_dir,
             **({"env_python": hp.env_python} if hp.env_python else {}),
             **({"data": {"source": hp.host.data.shown, "dir": hp.data_dir}}
@@ -52,6 +54,15 @@ def data_lines(hp: HostPlan) -> list[str]:
             "between runs", f"  data push: {hp.data_want}", f"  data send: {hp.data_receive}"]
 
 
+def ssh_route(host: Host) -> str:
+    """`root@10.0.0.5:22 (alias lab-a) via gw (admin@10.0.0.1:22)`: the login as it is made,
+    gateways first to last."""
+    ssh = host.ssh
+    text = ssh.shown() + (f" (alias {host.address})" if ssh.hostname != host.address else "")
+    hops = [hop.described() for hop in host.via]
+    return text + (" via " + ", then ".join(hops) if hops else "")
+
+
 def plan_text(plan: RunPlan) -> str:
     tasks = plan.tasks
     lines = [f"run {plan.run_id}: {len(tasks)} task(s) on {len(plan.hosts)} host(s); "
@@ -61,8 +72,8 @@ def plan_text(plan: RunPlan) -> str:
     lines.append("cluster: " + json.dumps(tasks[0].tf_config["cluster"], separators=(",", ":")))
     for hp in plan.hosts:
         host = hp.host
-        where = "local subprocesses" if host.transport == "local" else (
-            f"ssh {host.user + '@' if host.user else ''}{host.address}:{host.port}")
+        where = ("local subprocesses" if host.transport == "local"
+                 else f"ssh {ssh_route(host)}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
                   f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
         if hp.env_python:

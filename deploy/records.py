@@ -10,6 +10,7 @@ directories, endpoints and commands (the planner is pure), with only tfdeploy's 
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from .datasource import DataSource
 from .inventory import Host, Inventory
+from .sshconfig import Hop
 from .planner import Options, RunPlan, plan_run
 
 RECORD_FILE = "record.json"
@@ -26,7 +28,7 @@ VERSION = 1
 # The connection fields of a host; `env` is deliberately not among them.
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
                "host_key_policy", "python", "workdir", "cluster_address", "workers",
-               "own_python", "gpus", "data")
+               "own_python", "gpus", "data", "ssh_config", "jump", "target", "via")
 # States: starting, running (a controller follows it), detached, finished, interrupted, down.
 ACTIVE_STATES = ("starting", "running", "detached")
 
@@ -46,7 +48,7 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
                     "args": list(plan.options.args), "grace": plan.options.grace,
                     "requirements_sha256": plan.options.requirements_sha256,
                     "backup": plan.options.backup},
-        "hosts": [{**{k: getattr(hp.host, k) for k in HOST_FIELDS},
+        "hosts": [{**{k: _stored(getattr(hp.host, k)) for k in HOST_FIELDS},
                    # The data source with its tree hash: the same TFDEPLOY_DATA_DIR on re-plan.
                    "data": hp.host.data and hp.host.data.document(), "run_dir": hp.run_dir}
                   for hp in plan.hosts],
@@ -121,12 +123,28 @@ def find_run(runs_dir: Path, run_id: str | None) -> Path:
     return runs_dir / records[-1]["run_id"]
 
 
+def _stored(value):
+    """The resolved SSH logins (Hop) as plain mappings; everything else is JSON already."""
+    if isinstance(value, Hop):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple) and value and isinstance(value[0], Hop):
+        return [dataclasses.asdict(hop) for hop in value]
+    return value
+
+
+def _hop(fields: dict) -> Hop:
+    return Hop(**{**fields, "identity_files": tuple(fields["identity_files"])})
+
+
 def hosts_of(doc: dict) -> tuple[Host, ...]:
+    """The hosts as recorded: the same resolved logins and gateways, whatever the ssh config
+    says now. (A record written before a field existed gets that field's default.)"""
     def host(fields: dict) -> Host:
-        gpus = fields["gpus"]
+        gpus, target = fields.get("gpus"), fields.get("target")
         return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus,
-                       "data": DataSource.of(fields.get("data"))})
-    # A record written before `data` existed has none: such a run had no data.
+                       "data": DataSource.of(fields.get("data")),
+                       "target": _hop(target) if target else None,
+                       "via": tuple(_hop(h) for h in fields.get("via") or ())})
     return tuple(host({k: h[k] for k in HOST_FIELDS if k in h}) for h in doc["hosts"])
 
 

@@ -1,5 +1,6 @@
 """One interface for running commands on a host, with two implementations: SSH (one Fabric
-connection per host, reused for every step) and local subprocesses for `transport: local`.
+connection per host, reused for every step; see sshlogin.py) and local subprocesses for
+`transport: local`.
 
 Both run a command line in a POSIX shell, feed it bytes on stdin and return its exit code and
 output as bytes, so the executor never knows which kind of host it talks to.
@@ -15,10 +16,9 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol, Union
 
 import paramiko
-from fabric import Connection
 
-from . import hostkeys
 from .inventory import Host
+from .sshlogin import HostLogin, LoginFailed
 
 # What a command reads on stdin: bytes, or pieces of bytes sent in order as they come (a
 # large stream need never be joined in memory).
@@ -27,16 +27,6 @@ Stdin = Union[bytes, Iterable[bytes]]
 
 def pieces(stdin: Stdin) -> Iterable[bytes]:
     return (stdin,) if isinstance(stdin, (bytes, bytearray, memoryview)) else stdin
-
-
-class GcmFirstTransport(paramiko.Transport):
-    """paramiko's transport with AES-GCM offered before its usual first choice, AES-CTR with
-    HMAC-SHA2: one AEAD call per packet instead of a cipher pass plus an HMAC built in Python
-    (measured here: about 25 % less controller CPU per byte sent). Servers without GCM (it came
-    with OpenSSH 6.2) still get the other ciphers, in paramiko's order."""
-    _preferred_ciphers = (
-        *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" in c),
-        *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c))
 
 
 @dataclass(frozen=True)
@@ -267,38 +257,16 @@ class LocalTransport:
 
 
 class SshTransport:
+    """One SSH login per host, reused for every step (deploy/sshlogin.py: gateways, keys)."""
+
     def __init__(self, host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
         self.host = host
-        kwargs = {}
-        if host.identity_file:
-            kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
-        kwargs["transport_factory"] = GcmFirstTransport
-        self.connection = Connection(host=host.address, user=host.user, port=host.port,
-                                     connect_timeout=connect_timeout, connect_kwargs=kwargs)
-        hostkeys.configure(self.connection.client, host.label, host.known_hosts, host.port,
-                           accept_new_host_keys or host.host_key_policy == "accept-new")
-        self._open()
-
-    def _open(self) -> None:
-        label = self.host.label
         try:
-            self.connection.open()
-        except hostkeys.HostKeyRefused as exc:
+            self.login = HostLogin(host, connect_timeout,
+                                   accept_new_host_keys or host.host_key_policy == "accept-new")
+        except LoginFailed as exc:
             raise TransportError(str(exc)) from None
-        except paramiko.BadHostKeyException as exc:
-            raise TransportError(
-                f"{label}: HOST KEY CHANGED: known_hosts has {hostkeys.fingerprint(exc.expected_key)},"
-                f" the server offers {hostkeys.fingerprint(exc.key)}. Refusing to connect; if the "
-                f"host was really reinstalled, remove its old line from {self.host.known_hosts}") from None
-        except paramiko.AuthenticationException as exc:
-            raise TransportError(f"{label}: SSH authentication failed as "
-                                 f"{self.connection.user!r}: {exc}") from None
-        except (socket.timeout, TimeoutError):
-            raise TransportError(f"{label}: no answer on port {self.host.port} "
-                                 f"(timed out) — host down or firewalled?") from None
-        except (OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"{label}: cannot connect to port {self.host.port}: "
-                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+        self.connection = self.login.connection
 
     def _channel(self) -> paramiko.Channel:
         try:
@@ -330,7 +298,7 @@ class SshTransport:
         return SshStream(channel, self.host.label)
 
     def close(self) -> None:
-        self.connection.close()
+        self.login.close()
 
 
 def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:

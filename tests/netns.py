@@ -30,49 +30,42 @@ def ip(*args: str, netns: str | None = None) -> str:
     return done.stdout
 
 
-def _unused_subnets(count: int) -> list[int]:
-    """Third octets N for 10.213.N.0/30 networks that no address or route here touches."""
+def _unused_subnets(count: int, prefix: int = 30) -> list[int]:
+    """Third octets N for 10.213.N.0/<prefix> networks (prefix 24 to 30) that no address or
+    route here touches."""
     used = ip("-o", "addr", "show") + ip("route", "show", "table", "all")
     nets = [ipaddress.ip_network(w, strict=False) for w in used.split()
             if "/" in w and w[0].isdigit() and ":" not in w]
     free = []
     for n in range(1, 255):
-        candidate = ipaddress.ip_network(f"10.213.{n}.0/30")
+        candidate = ipaddress.ip_network(f"10.213.{n}.0/{prefix}")
         if f"10.213.{n}." not in used and not any(candidate.overlaps(x) for x in nets):
             free.append(n)
         if len(free) == count:
             return free
-    raise NetnsUnavailable("no unused 10.213.N.0/30 networks")
+    raise NetnsUnavailable(f"no unused 10.213.N.0/{prefix} networks")
 
 
-class NetnsHost:
+class Namespaces:
+    """Network namespaces and root-namespace links made for one test. Entering builds them
+    (`_build`) and checks them (`check_exists`); close() deletes them, also after a build
+    that failed halfway. Deleting the root end of a veth deletes its peer and the routes
+    through it; deleting a namespace deletes the links inside it."""
+
     def __init__(self) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.name = f"tfd{tag}"
-        self.ctl = (f"tfdc{tag}a", f"tfdc{tag}b")
-        self.mesh = (f"tfdm{tag}a", f"tfdm{tag}b")
-        self.created: list[str] = []
+        self.namespaces: list[str] = []
+        self.links: list[str] = []
 
-    def __enter__(self) -> "NetnsHost":
+    def add_netns(self, name: str) -> None:
         try:
-            ip("netns", "add", self.name)
+            ip("netns", "add", name)
         except RuntimeError as exc:
             raise NetnsUnavailable(f"ip netns is not permitted here: {exc}") from None
-        self.created.append("netns")
+        self.namespaces.append(name)
+
+    def __enter__(self):
         try:
-            ctl, mesh = _unused_subnets(2)
-            self.ctl_root, self.ctl_ns = f"10.213.{ctl}.1", f"10.213.{ctl}.2"
-            self.mesh_root, self.mesh_ns = f"10.213.{mesh}.1", f"10.213.{mesh}.2"
-            for (root, inner), (a_root, a_ns) in (
-                    (self.ctl, (self.ctl_root, self.ctl_ns)),
-                    (self.mesh, (self.mesh_root, self.mesh_ns))):
-                ip("link", "add", root, "type", "veth", "peer", "name", inner, "netns", self.name)
-                self.created.append(root)
-                ip("addr", "add", f"{a_root}/30", "dev", root)
-                ip("link", "set", root, "up")
-                ip("addr", "add", f"{a_ns}/30", "dev", inner, netns=self.name)
-                ip("link", "set", inner, "up", netns=self.name)
-            ip("link", "set", "lo", "up", netns=self.name)
+            self._build()
             self.check_exists()
         except BaseException:
             self.close()
@@ -81,6 +74,44 @@ class NetnsHost:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def check_exists(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for link in reversed(self.links):
+            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=20)
+        for ns in reversed(self.namespaces):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        self.links, self.namespaces = [], []
+
+
+class NetnsHost(Namespaces):
+    def __init__(self) -> None:
+        super().__init__()
+        tag = f"{os.getpid() % 100000}"
+        self.name = f"tfd{tag}"
+        self.ctl = (f"tfdc{tag}a", f"tfdc{tag}b")
+        self.mesh = (f"tfdm{tag}a", f"tfdm{tag}b")
+
+    def _build(self) -> None:
+        self.add_netns(self.name)
+        ctl, mesh = _unused_subnets(2)
+        self.ctl_root, self.ctl_ns = f"10.213.{ctl}.1", f"10.213.{ctl}.2"
+        self.mesh_root, self.mesh_ns = f"10.213.{mesh}.1", f"10.213.{mesh}.2"
+        for (root, inner), (a_root, a_ns) in (
+                (self.ctl, (self.ctl_root, self.ctl_ns)),
+                (self.mesh, (self.mesh_root, self.mesh_ns))):
+            ip("link", "add", root, "type", "veth", "peer", "name", inner, "netns", self.name)
+            self.links.append(root)
+            ip("addr", "add", f"{a_root}/30", "dev", root)
+            ip("link", "set", root, "up")
+            ip("addr", "add", f"{a_ns}/30", "dev", inner, netns=self.name)
+            ip("link", "set", inner, "up", netns=self.name)
+        ip("link", "set", "lo", "up", netns=self.name)
 
     def check_exists(self) -> None:
         """Every address this host uses is ours, on our links, before anything is sent."""
@@ -98,10 +129,3 @@ class NetnsHost:
     def cut_mesh(self) -> None:
         ip("link", "set", self.mesh[1], "down", netns=self.name)
         self.check_routes()
-
-    def close(self) -> None:
-        for link in reversed([c for c in self.created if c != "netns"]):
-            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=20)
-        if "netns" in self.created:
-            subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=20)
-        self.created = []

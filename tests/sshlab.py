@@ -132,13 +132,17 @@ class SshLab:
                 _signal(server.proc, signal.SIGKILL)
                 server.proc.wait()
 
-    def start_in_netns(self, netns: str, address: str, port: int = 2222) -> LabHost:
+    def start_in_netns(self, netns: str, address: str, port: int = 2222,
+                       reachable: bool = True) -> LabHost:
         """One more sshd, run inside network namespace `netns` (`ip netns exec`) on `address`,
-        an address the caller created in that namespace. Its key goes into known_hosts."""
+        an address the caller created in that namespace. Its key goes into known_hosts.
+        With reachable=False (a host this machine cannot reach, e.g. behind a gateway) it is
+        ready once its log says it listens, instead of once it shows a banner here."""
         self._prepare()
         host, host_key = self._new_host(address, port)
         # Tracked before it is up, so stop() ends it even if it never comes up.
-        _wait_ready(self._spawn(host, host_key, prefix=("ip", "netns", "exec", netns)))
+        server = self._spawn(host, host_key, prefix=("ip", "netns", "exec", netns))
+        (_wait_ready if reachable else _wait_listening)(server)
         with open(self.known_hosts, "a") as f:
             f.write(host.known_hosts_line())
         return host
@@ -317,6 +321,22 @@ def _wait_ready(server: _Server, timeout: float = READY_TIMEOUT) -> None:
     raise LabError(f"sshd for {host.name} did not show an SSH banner on {host.address}:"
                    f"{host.port} within {timeout:.0f}s (last: {last}); log {host.log}:\n"
                    f"{_tail(host.log)}")
+
+
+def _wait_listening(server: _Server, timeout: float = READY_TIMEOUT) -> None:
+    """Until sshd logs that it listens (it binds before it says so)."""
+    host = server.host
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = server.proc.poll()
+        if code is not None:
+            raise LabError(f"sshd for {host.name} ({host.address}:{host.port}) exited with "
+                           f"status {code}; log {host.log}:\n{_tail(host.log)}")
+        if f"Server listening on {host.address} port {host.port}" in _tail(host.log, 200):
+            return
+        time.sleep(0.05)
+    raise LabError(f"sshd for {host.name} did not listen on {host.address}:{host.port} within "
+                   f"{timeout:.0f}s; log {host.log}:\n{_tail(host.log)}")
 
 
 def _keygen(path: Path, comment: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from deploy.sshconfig import Hop
 from deploy.inventory import (EnvValue, Host, InventoryError, load_inventory, parse_inventory,
                               workdir_problem)
 
@@ -96,6 +97,16 @@ EXPECTED = {
                                            "'/srv/datasets/mnist'"]),
     "data_local_empty": (4, "a", "data", ["non-empty path"]),
     "data_default_missing": (2, "a", "data", ["does not exist", "shards-nowhere"]),  # default
+    # gateways and ssh config
+    "jump_bad_port": (4, "a", "jump", ["'admin@gw:99999' is not a gateway",
+                                       "[user@]host[:port]"]),
+    "jump_with_space": (4, "a", "jump", ["no spaces"]),
+    "jump_empty_hop": (2, "a", "jump", ["'' is not a gateway"]),        # line of the default
+    "jump_on_local_host": (4, "here", "jump", ["local host is not reached over SSH"]),
+    "ssh_config_missing": (4, "a", "ssh_config", [
+        "cannot read ssh config /nonexistent/tfdeploy-test/ssh_config",
+        "No such file or directory"]),
+    "ssh_config_number": (2, "a", "ssh_config", ["must be a string", "22"]),
 }
 
 # Inputs that once slipped through or crashed the loader: (what went wrong, the exception it
@@ -218,6 +229,7 @@ hosts:
                      identity_file="~/.ssh/lab", known_hosts="~/.ssh/known_hosts",
                      host_key_policy="accept-new", python="python3", workdir="/srv/tf",
                      cluster_address="", workers=2,
+                     target=Hop("10.1.2.3", "10.1.2.3", 2222, "alice", ("~/.ssh/lab",)),
                      env={"FROM_DEFAULTS": EnvValue("d"), "OVERRIDDEN": EnvValue("mine"),
                           "GREETING": EnvValue("hello"), "N": EnvValue("3"),
                           "F": EnvValue("0.5")})

@@ -81,6 +81,20 @@ hosts:
   - name: c
     address: 10.1.2.5
 """
+# Hosts on a LAN behind gateways: the cluster addresses are the hosts' own, the gateways only
+# carry the controller's SSH sessions.
+JUMP = """
+defaults:
+  ssh_config: none
+  user: researcher
+hosts:
+  - name: a
+    address: 10.0.0.5
+    jump: admin@gw.example:2222
+  - name: b
+    address: 10.0.0.6
+    jump: gw.example,bastion
+"""
 LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
@@ -88,6 +102,7 @@ CASES = {
     "lab_ports": (LAB, LAB_PORTS, Options(entry="main.py")),
     "gpus": (GPUS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
     "data": (DATA, None, Options()),
+    "jump": (JUMP, {0: 20000, 1: 20001}, Options()),
 }
 
 

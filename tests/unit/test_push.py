@@ -16,7 +16,8 @@ from deploy.parallel import HostsFailed
 from deploy.planner import Options, plan_run
 from deploy.push import PayloadPush
 from deploy.session import Session
-from deploy.transport import GcmFirstTransport, LocalTransport
+from deploy.sshlogin import GcmFirstTransport
+from deploy.transport import LocalTransport
 
 
 class CountingTransport(LocalTransport):

@@ -170,3 +170,13 @@ def test_gpus_and_the_setup_environment_survive_the_round_trip(tmp_path):
     assert again.options == plan.options
     assert [h.host.gpus for h in again.hosts] == [h.host.gpus for h in plan.hosts]
     assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]
+
+
+def test_gateways_survive_the_round_trip(tmp_path):
+    plan = plan_run(inventory_of("jump"), Options(), "20260101-000000-0a0b0c", {0: 20000, 1: 20001})
+    again = plan_of(load_record(recorded(tmp_path, plan)))
+    assert [h.host for h in again.hosts] == [h.host for h in plan.hosts]
+    assert [(h.host.jump, [hop.shown() for hop in h.host.via]) for h in again.hosts] == [
+        ("admin@gw.example:2222", ["admin@gw.example:2222"]),
+        ("gw.example,bastion", ["gw.example:22", "bastion:22"])]
+    assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]
