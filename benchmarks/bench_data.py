@@ -12,10 +12,8 @@ from the cache, nothing travels).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -28,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_push import make_payload  # noqa: E402
+from bench_push import make_payload, size_options  # noqa: E402
 from sshlab import SshLab  # noqa: E402
 
 from deploy.datapush import DataPush  # noqa: E402
@@ -66,13 +64,7 @@ def data_step(inventory: Path, payload: Path, tmp: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--files", type=int, default=200)
-    parser.add_argument("--megabytes", type=int, default=50)
-    opts = parser.parse_args()
-    # SIGTERM unwinds like Ctrl-C, so the lab's sshd servers are stopped on the way out.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    opts = size_options(__doc__.splitlines()[0], files=200, megabytes=50)
     times: dict[str, list[float]] = {case: [] for case in CASES}
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmpdir, \
             SshLab(Path(tmpdir) / "lab", first_octet=FIRST_OCTET) as lab:

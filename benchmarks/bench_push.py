@@ -134,14 +134,20 @@ def reset(lab: SshLab, hashes: Path, trash: Path) -> None:
         (host.workdir / "rsync-target").mkdir()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def size_options(description: str, files: int, megabytes: int) -> argparse.Namespace:
+    """--repeats, --files and --megabytes; and SIGTERM made to unwind like Ctrl-C, so the
+    lab's sshd servers are stopped on the way out."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--files", type=int, default=1000)
-    parser.add_argument("--megabytes", type=int, default=100)
+    parser.add_argument("--files", type=int, default=files)
+    parser.add_argument("--megabytes", type=int, default=megabytes)
     opts = parser.parse_args()
-    # SIGTERM unwinds like Ctrl-C, so the lab's sshd servers are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return opts
+
+
+def main() -> None:
+    opts = size_options(__doc__.splitlines()[0], files=1000, megabytes=100)
     times: dict[tuple[str, str], list[tuple[float, float, float]]] = {
         (c, s): [] for c in CASES for s in ("ours", "rsync")}
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp, \

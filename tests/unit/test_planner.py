@@ -218,7 +218,6 @@ def test_commands_name_the_run_dir_and_agent():
     plan = plan_of("lab")
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
-    agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
     # One command per host: the bootstrap unpacks the stage, the agent answers and receives.
     assert b.push.line == (f"~/venv/bin/python -S -c {quote(PUSH_BOOTSTRAP)} {b.run_dir} "
                            "/scratch/tf/cache")
@@ -227,10 +226,11 @@ def test_commands_name_the_run_dir_and_agent():
     assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
     # The port probe is deploy/hostcheck.py on stdin, as `inv check` asks it.
     assert b.ports.line == "~/venv/bin/python - ports 5"
+    agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
     launch = plan.tasks[2].launch.line
-    assert launch.startswith(f"~/venv/bin/python {b.run_dir}/{AGENT_FILE} launch {b.run_dir} 2 "
+    assert launch.startswith(f"{agent} launch {b.run_dir} 2 "
                              f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")
-    assert stop_command(b.host, b.run_dir, 2.5).endswith(f" stop {b.run_dir} 2.5")
+    assert stop_command(b.host, b.run_dir, 2.5) == f"{agent} stop {b.run_dir} 2.5"
     assert poll_command(b.host, b.run_dir, {2: 10}).endswith(f" poll {b.run_dir} 2:10")
     assert f"cleanup {b.run_dir} 3" in cleanup_command(b.host, b.run_dir, 3.0)
 
