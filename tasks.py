@@ -31,7 +31,7 @@ EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFai
 BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
 
 SSH_HELP = {
-    "connect_timeout": "seconds to wait for each SSH connection (default: 10)",
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10; 0: no limit)",
     "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
                             "always refused)",
 }

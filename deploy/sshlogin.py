@@ -84,14 +84,17 @@ class HostLogin:
         # ~/.ssh/id_* are tried after them (paramiko's defaults, left on).
         kwargs: dict = {"key_filename": [k for k in map(os.path.expanduser, hop.identity_files)
                                          if os.path.exists(k)],
-                        "transport_factory": GcmFirstTransport}
+                        "transport_factory": GcmFirstTransport,
+                        # paramiko's own timeout: Fabric's connect_timeout is rounded down
+                        # to whole seconds (0.5 would become no limit at all). 0: no limit.
+                        "timeout": self.timeout or None}
         if sock is not None:
             kwargs["sock"] = sock
         # The ssh config was read when the inventory was loaded; Fabric reads none (an empty
         # SSHConfig) and makes no gateway of its own, whose host key it would add unasked.
         login = Connection(host=hop.hostname, user=hop.user, port=hop.port, gateway=False,
                            config=FabricConfig(ssh_config=paramiko.SSHConfig()),
-                           connect_timeout=self.timeout, connect_kwargs=kwargs)
+                           connect_kwargs=kwargs)
         hostkeys.configure(login.client, where, self.host.known_hosts, hop.port,
                            self.accept_new, _scan_from(before))
         try:

@@ -1,8 +1,9 @@
 """`inv check` and the checks `inv train` runs first, against real sshd servers: a healthy lab,
-a host where nothing listens, a host without its python, and a network-namespace host whose
-mesh link is cut while SSH still reaches it."""
+a host where nothing listens, a connect that hangs, a host without its python, and a
+network-namespace host whose mesh link is cut while SSH still reaches it."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -18,9 +19,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def inv(*args: str) -> subprocess.CompletedProcess:
+def inv(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300,
+                          capture_output=True, timeout=timeout,
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
 
 
@@ -65,6 +66,32 @@ def test_nothing_listening_and_missing_python_are_named(tmp_path):
         # The healthy host still got its row and checked its ports.
         assert metadata.version("tensorflow") in done.stdout
         assert nothing_written(host)
+
+
+def test_a_connect_that_hangs_ends_at_a_fraction_of_a_second_timeout(tmp_path):
+    """A listener whose accept queue is full: the kernel drops further SYNs, so a connect to
+    it hangs until its timeout (a loopback stand-in for a firewalled host). A timeout under one
+    second must still be one: rounded down to 0 it would be none, and the command would hang
+    for the kernel's SYN retries (minutes), past this test's limit."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        try:
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex(("127.0.0.1", port))
+            inventory = tmp_path / "stuck.yaml"
+            inventory.write_text("hosts:\n  - {name: stuck, address: 127.0.0.1, port: %d, "
+                                 "ssh_config: none}\n" % port)
+            done = inv("check", "--hosts", str(inventory), "--connect-timeout", "0.5",
+                       timeout=60)
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"stuck (127.0.0.1): no answer on port {port} (timed out)" in flat(done.stdout)
 
 
 @pytest.fixture
