@@ -14,15 +14,12 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def known_hosts_name(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-def _address(known_hosts_name: str) -> str:
-    """`[10.0.0.5]:2222` -> `10.0.0.5`; a name on port 22 is the address itself."""
-    if known_hosts_name.startswith("["):
-        return known_hosts_name[1:known_hosts_name.index("]")]
-    return known_hosts_name
+def _address(name: str) -> str:
+    """known_hosts' name of a host -> its address: `[10.0.0.5]:2222` -> `10.0.0.5`; a name
+    on port 22 is the address itself."""
+    if name.startswith("["):
+        return name[1:name.index("]")]
+    return name
 
 
 class HostKeyRefused(Exception):
