@@ -156,11 +156,6 @@ def framed(stage: bytes) -> bytes:
     return b"%d\n" % len(stage) + stage
 
 
-def files_stream(payload: Path, files: tuple[FileEntry, ...], wanted: set[str]) -> bytes:
-    """FileStream as one bytes object."""
-    return b"".join(FileStream(payload, files, wanted))
-
-
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .bundle import BundleError, FileEntry, file_entry, files_stream, manifest_document, \
+from .bundle import BundleError, FileEntry, FileStream, file_entry, manifest_document, \
     payload_files
 from .hashcache import HashCache
 from .hostdata import MANIFEST
@@ -80,7 +80,7 @@ class DataPush:
             except (BundleError, OSError) as exc:
                 raise InventoryError(inventory.path, f"local: {exc}", host=host.name,
                                      field="data") from None
-        self._streams: dict[tuple[str, frozenset[str]], bytes] = {}
+        self._streams: dict[tuple[str, frozenset[str]], FileStream] = {}
         self._lock = threading.Lock()
 
     def resolved(self, inventory: Inventory) -> Inventory:
@@ -91,12 +91,13 @@ class DataPush:
             for h in inventory.hosts)
         return dataclasses.replace(inventory, hosts=hosts)
 
-    def content(self, tree: DataTree, wanted: frozenset[str]) -> bytes:
-        """The file stream for one tree and set of hashes; hosts lacking the same share it."""
+    def content(self, tree: DataTree, wanted: frozenset[str]) -> FileStream:
+        """The file stream for one tree and set of hashes; hosts lacking the same share it,
+        each file read once and sent piece by piece, never whole in memory."""
         key = (str(tree.root), wanted)
         with self._lock:
             if key not in self._streams:
-                self._streams[key] = files_stream(tree.root, tree.files, set(wanted))
+                self._streams[key] = FileStream(tree.root, tree.files, set(wanted))
             return self._streams[key]
 
     def summary(self, plans: list[HostPlan], answers: dict[str, dict]) -> str:

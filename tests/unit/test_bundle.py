@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.bundle import (AGENT_SOURCE, CACHE_SOURCE, BundleError, files_stream, manifest,
+from deploy.bundle import (AGENT_SOURCE, CACHE_SOURCE, BundleError, FileStream, manifest,
                            payload_files, stage_tar)
 
 RUN_ID = "20260101-000000-b0b0b0"
@@ -74,14 +74,14 @@ def test_the_file_stream_holds_each_wanted_content_once_headed_by_its_hash(paylo
     files = manifest(payload, "train.py")
     util = next(f for f in files if f.path == "pkg/util.py")
     train = next(f for f in files if f.path == "train.py")
-    data = files_stream(payload, files, {util.sha256, train.sha256})
+    data = b"".join(FileStream(payload, files, {util.sha256, train.sha256}))
     # In manifest order (copy.py brings util.py's content first), each content once.
     assert data == (b"tfdeploy-files 1\n" + f"{util.sha256} {util.size}\n".encode()
                     + b"X = 1\n" + f"{train.sha256} {train.size}\n".encode()
                     + b"print('hi')\n" + b"end\n")
-    assert files_stream(payload, files, set()) == b"tfdeploy-files 1\nend\n"
+    assert b"".join(FileStream(payload, files, set())) == b"tfdeploy-files 1\nend\n"
     with pytest.raises(BundleError, match="not in the payload"):
-        files_stream(payload, files, {"0" * 64})
+        b"".join(FileStream(payload, files, {"0" * 64}))
 
 
 def test_skipped_parts_never_reach_the_bundle(payload):

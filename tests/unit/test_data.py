@@ -210,7 +210,8 @@ def push(data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | Non
     want = host("want", rundir, datadir)
     if want["present"] or want.get("assembled"):
         return want, None
-    return want, host("receive", rundir, datadir, data.content(tree, frozenset(want["missing"])))
+    stream = b"".join(data.content(tree, frozenset(want["missing"])))
+    return want, host("receive", rundir, datadir, stream)
 
 
 def test_data_is_sent_once_kept_by_content_and_found_again(tmp_path, lab):
@@ -253,7 +254,7 @@ def test_a_cut_stream_leaves_no_data_dir(tmp_path, lab):
     rundir = host_run_dir(tmp_path, "r1")
     datadir = staged(tree, rundir)
     want = host("want", rundir, datadir)
-    stream = data.content(tree, frozenset(want["missing"]))
+    stream = b"".join(data.content(tree, frozenset(want["missing"])))
     with pytest.raises(AssertionError, match="cut short"):
         host("receive", rundir, datadir, stream[:len(stream) // 2])
     assert not Path(datadir).exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deploy import hostcache
-from deploy.bundle import files_stream, manifest, manifest_document
+from deploy.bundle import FileStream, manifest, manifest_document
 
 AGENT = Path(__file__).resolve().parents[2] / "deploy" / "agent.py"
 
@@ -46,7 +46,7 @@ def push(tmp_path, payload, name):
     wanted = hostcache.want(str(rundir), str(cache))
     if wanted.get("assembled"):          # nothing missing: payload/ is there already
         return rundir, wanted, {"received": []}
-    data = files_stream(payload, files, set(wanted["missing"]))
+    data = b"".join(FileStream(payload, files, set(wanted["missing"])))
     got = hostcache.receive(str(rundir), str(cache), io.BytesIO(data))
     return rundir, wanted, got
 
@@ -94,7 +94,7 @@ def test_an_interrupted_stream_leaves_no_payload_and_only_verified_files(tmp_pat
     cache = tmp_path / "work" / "cache"
     rundir, files = new_run(tmp_path, payload, "r1")
     missing = hostcache.want(str(rundir), str(cache))["missing"]
-    data = files_stream(payload, files, set(missing))
+    data = b"".join(FileStream(payload, files, set(missing)))
     order = list(dict.fromkeys(f.sha256 for f in files))        # the stream's order
     # The first file whole, the second's header and 3 of its bytes: a transfer cut short.
     header2 = data.index(order[1].encode())
@@ -106,7 +106,8 @@ def test_an_interrupted_stream_leaves_no_payload_and_only_verified_files(tmp_pat
     # The next attempt asks only for what is still missing, and completes.
     again = hostcache.want(str(rundir), str(cache))["missing"]
     assert len(again) == len(missing) - 1
-    hostcache.receive(str(rundir), str(cache), io.BytesIO(files_stream(payload, files, set(again))))
+    stream = b"".join(FileStream(payload, files, set(again)))
+    hostcache.receive(str(rundir), str(cache), io.BytesIO(stream))
     assert (rundir / "payload" / "run.sh").read_text() == "#!/bin/sh\n"
 
 
@@ -139,7 +140,7 @@ def test_the_agent_runs_want_and_receive_from_the_run_dir(tmp_path, payload):
     want = subprocess.run(agent + ["want", str(rundir), cache], capture_output=True, env=env)
     missing = json.loads(want.stdout)["missing"]
     got = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
-                         input=files_stream(payload, files, set(missing)))
+                         input=b"".join(FileStream(payload, files, set(missing))))
     assert got.returncode == 0, got.stderr
     assert sorted(json.loads(got.stdout)["received"]) == missing
     bad = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
