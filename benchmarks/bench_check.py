@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_train import REPO, options, two_host_lab
+from bench_train import REPO, line, options, two_host_lab
 
 CHECKED = re.compile(r"checked \d+ host\(s\) in ([0-9.]+) s")
 
@@ -42,11 +42,6 @@ def check_alone(inventory: Path) -> float:
     if done.returncode != 0:
         raise SystemExit(f"inv check failed:\n{done.stdout}\n{done.stderr}")
     return elapsed
-
-
-def line(label: str, times: list[float]) -> str:
-    return (f"{label:<28}" + " ".join(f"{x:.2f}" for x in times)
-            + f" s; median {statistics.median(times):.2f} s")
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_train import REPO, free_port, options, two_host_lab
+from bench_train import REPO, free_port, line, options, two_host_lab
 
 FIRST_STEP = '"event": "first_step"'
 
@@ -38,10 +38,10 @@ class FirstSteps:
 
     def read(self, stream) -> threading.Thread:
         def run():
-            for line in stream:
+            for text in stream:
                 with self.lock:
-                    self.output.append(line)
-                    if FIRST_STEP in line:
+                    self.output.append(text)
+                    if FIRST_STEP in text:
                         self.seen += 1
                         if self.seen == self.expected:
                             self.at = time.monotonic() - self.started
@@ -96,11 +96,6 @@ def rerun_after_change(inventory: Path, payload: Path, args: list[str], runs: Pa
     return steps.elapsed("inv train")
 
 
-def line(label: str, times: list[float]) -> str:
-    return (f"{label:<46}" + " ".join(f"{x:.2f}" for x in times)
-            + f" s; median {statistics.median(times):.2f} s")
-
-
 def main() -> None:
     opts = options(__doc__, "--epochs 1 --steps-per-epoch 5")
     args = opts.args.split()
@@ -116,8 +111,8 @@ def main() -> None:
     h, t = statistics.median(hand), statistics.median(tool)
     print(f"payload args: {opts.args}; {opts.repeats} repeats, alternating; "
           "time to both workers' first step")
-    print(line("by hand (2 processes, TF_CONFIG by hand):", hand))
-    print(line("inv train after a one-line change (2 hosts):", tool))
+    print(line("by hand (2 processes, TF_CONFIG by hand):", hand, 46))
+    print(line("inv train after a one-line change (2 hosts):", tool, 46))
     print(f"ratio inv train / by hand: {t / h:.2f}x (+{t - h:.2f} s)")
 
 

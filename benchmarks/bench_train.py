@@ -69,6 +69,12 @@ def options(doc: str, default_args: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def line(label: str, times: list[float], width: int = 28) -> str:
+    """`label   8.22 9.18 8.50 s; median 8.50 s`"""
+    return (f"{label:<{width}}" + " ".join(f"{x:.2f}" for x in times)
+            + f" s; median {statistics.median(times):.2f} s")
+
+
 @contextlib.contextmanager
 def two_host_lab():
     """(a scratch directory, an inventory of two sshd lab hosts), removed afterwards."""
