@@ -25,10 +25,9 @@ from .bundle import BundleError, FileEntry, FileStream, file_entry, manifest_doc
 from .hashcache import HashCache
 from .hostdata import MANIFEST
 from .inventory import Inventory, InventoryError
-from .parallel import on_all
 from .planner import DATA_FILE, HostPlan, RunPlan
 from .push import size_text
-from .session import Session, agent_json
+from .session import Session
 
 HOSTDATA_SOURCE = Path(__file__).with_name("hostdata.py")
 
@@ -118,34 +117,21 @@ class DataPush:
     def send(self, session: Session, plan: RunPlan, console: Console) -> dict:
         """Push every host's local data; returns the record of what each host was sent (and
         where each host's TFDEPLOY_DATA_DIR is, remote ones included)."""
-        plans = [hp for hp in plan.hosts if hp.data_want is not None]
+        plans = [hp for hp in plan.hosts if hp.data_push is not None]
         answers: dict[str, dict] = {}
         if plans:
-            tree_of = {hp.host.name: self.trees[hp.host.data.path] for hp in plans}
             stages = {path: tree.stage() for path, tree in self.trees.items()}
-
-            def ask(hp: HostPlan) -> dict:
-                t = session.transports[hp.host.name]
-                return agent_json(t.run(hp.data_want.line, stdin=stages[hp.host.data.path],
-                                        timeout=120), hp.host, "data push")
-
-            def send(hp: HostPlan) -> dict:
-                want, t = wants[hp.host.name], session.transports[hp.host.name]
-                if want["present"] or want.get("assembled"):
-                    return {**want, "bytes": 0}
-                stream = self.content(tree_of[hp.host.name], frozenset(want["missing"]))
-                answer = agent_json(t.run(hp.data_receive.line, stdin=stream, timeout=1800),
-                                    hp.host, "sending data files")
-                return {**answer, "missing": want["missing"],
-                        "received": want["received"] + answer["received"]}
-
             size = sum(tree.size for tree in self.trees.values())
             with console.status(f"data: {len(self.trees)} dir(s), {size_text(size)}; asking "
                                 f"{len(plans)} host(s) what they lack…") as status:
-                wants = on_all("pushing data", plans, lambda hp: hp.host.name, ask)
-                console.print(self.summary(plans, wants), highlight=False)
-                status.update("data: sending and assembling on every host…")
-                answers = on_all("sending data files", plans, lambda hp: hp.host.name, send)
+                def on_answers(wants: dict[str, dict]) -> None:
+                    console.print(self.summary(plans, wants), highlight=False)
+                    status.update("data: sending and assembling on every host…")
+                answers = session.push(
+                    plans, "data", lambda hp: hp.data_push.line,
+                    lambda hp: stages[hp.host.data.path],
+                    lambda hp, wanted: self.content(self.trees[hp.host.data.path], wanted),
+                    on_answers)
             self.hashes.save()
         record = {}
         for hp in plan.hosts:

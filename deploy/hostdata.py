@@ -16,6 +16,8 @@ Verbs (one JSON document on stdout each):
                                    when it lacks none, DATADIR is assembled at once
     receive RUNDIR DATADIR CACHE   those contents on stdin (hostcache.py's file stream): verify,
                                    cache, assemble DATADIR
+    push RUNDIR DATADIR CACHE      want, answered as a line; then, unless DATADIR is there
+                                   already, receive on the same stdin (one command per push)
 """
 import hashlib
 import json
@@ -94,18 +96,30 @@ def receive(rundir, datadir, cache, stream):
     return dict(answer, present=False)
 
 
+def push(rundir, datadir, cache, stdin, stdout):
+    answer = want(rundir, datadir, cache)
+    stdout.write(json.dumps(answer) + "\n")
+    stdout.flush()
+    if answer["present"] or answer.get("assembled"):
+        return None
+    return receive(rundir, datadir, cache, stdin)
+
+
 def main(argv):
     verb, rundir, datadir, cache = argv[0], *(os.path.expanduser(a) for a in argv[1:4])
     try:
         if verb == "want":
             out = want(rundir, datadir, cache)
+        elif verb == "push":
+            out = push(rundir, datadir, cache, sys.stdin.buffer, sys.stdout)
         elif verb == "receive":
             out = receive(rundir, datadir, cache, sys.stdin.buffer)
         else:
             raise SystemExit("unknown verb %r" % verb)
     except (cache_files.CacheError, OSError, ValueError, KeyError) as exc:
         raise SystemExit("data %s: %s" % (verb, exc))
-    sys.stdout.write(json.dumps(out) + "\n")
+    if out is not None:
+        sys.stdout.write(json.dumps(out) + "\n")
 
 
 if __name__ == "__main__":

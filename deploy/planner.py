@@ -20,17 +20,19 @@ MANIFEST_FILE = "manifest.json"
 PAYLOAD_DIR = "payload"
 OUTPUT_DIR = "output"
 BACKUP_DIR = "backup"
-# The push, run by the host's python as `-c` before the agent is there: read the stage (a line
-# with its length, then the tar.gz), unpack it into the run dir, and hand over to the agent's
-# `push` verb, which answers what the cache lacks and then reads exactly that on the same
-# stdin. One command per host: every command costs the host a login shell. `-S`: the push
-# needs the standard library only, and site-packages can take longer to set up than the push
-# of an unchanged payload (an editable install's import hook: 40 ms here).
+# A push, run by the host's python as `-c` before the helper is there: read the stage (a line
+# with its length, then the tar.gz), unpack it into the run dir, and hand over to the helper
+# module's `push` verb (the agent's for the payload, tfdeploy_data's for data), which answers
+# what the cache lacks and then reads exactly that on the same stdin. One command per push:
+# every command costs the host a login shell. `-S`: a push needs the standard library only,
+# and site-packages can take longer to set up than the push of an unchanged payload (an
+# editable install's import hook: 40 ms here).
 PUSH_BOOTSTRAP = (
-    'import io,os,sys,tarfile;d=sys.argv[1];i=sys.stdin.buffer;os.makedirs(d,exist_ok=True);'
+    'import importlib,io,os,sys,tarfile;m,d=sys.argv[1:3];i=sys.stdin.buffer;'
+    'os.makedirs(d,exist_ok=True);'
     'tarfile.open(fileobj=io.BytesIO(i.read(int(i.readline()))),mode="r:gz").extractall('
     'd,**({"filter":"data"} if hasattr(tarfile,"data_filter") else {}));'
-    'sys.path.insert(0,d);import tfdeploy_agent;tfdeploy_agent.main(["push"]+sys.argv[1:])')
+    'sys.path.insert(0,d);importlib.import_module(m).main(["push"]+sys.argv[2:])')
 # Ports probed beyond a host's own tasks, so that ports already given to another host that is
 # really the same machine can be skipped without asking again.
 SPARE_PORTS = 4
@@ -87,8 +89,7 @@ class HostPlan:
     tasks: tuple[TaskPlan, ...]
     env_python: str | None = None     # used when it exists on the host, else host.python
     data_dir: str | None = None       # TFDEPLOY_DATA_DIR of its tasks
-    data_want: RemoteCommand | None = None      # local data: what the host's cache lacks
-    data_receive: RemoteCommand | None = None   # local data: those files, then the data dir
+    data_push: RemoteCommand | None = None      # local data: the push of its files
 
 
 @dataclass(frozen=True)
@@ -193,22 +194,24 @@ def replace_backup_command(rundir: str) -> str:
     return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
 
 
+def push_command(host: Host, helper: str, *args: str) -> str:
+    """PUSH_BOOTSTRAP handing over to `helper` (a module the stage brings) with `args`."""
+    return join([quote_path(host.python), "-S", "-c", quote(PUSH_BOOTSTRAP), helper,
+                 *map(quote_path, args)])
+
+
 def data_commands(host: Host, rundir: str) -> dict:
-    """The HostPlan fields for the host's data: its TFDEPLOY_DATA_DIR and, for local data, the
-    two steps of its push (as for the payload: ask what the cache lacks, then send that)."""
+    """The HostPlan fields for the host's data: its TFDEPLOY_DATA_DIR and, for local data, its
+    push (as the payload's: answer what the cache lacks, then receive that)."""
     data_dir = host_data_dir(host.workdir, host.data)
     if data_dir is None or host.data.kind != "local":
         return {"data_dir": data_dir}
-    quoted = quote_path(rundir)
-    helper = [quote_path(host.python), quote_path(f"{rundir}/{DATA_FILE}")]
-    args = [quote_path(rundir), quote_path(data_dir), quote_path(cache_dir(host))]
     return {
         "data_dir": data_dir,
-        "data_want": RemoteCommand(f"tar -xzf - -C {quoted} && " + join([*helper, "want", *args]),
-                                   stdin="tar.gz of the data manifest and its host helper"),
-        "data_receive": RemoteCommand(join([*helper, "receive", *args]),
-                                      stdin="the data files the host lacks, each headed by "
-                                            "its sha256"),
+        "data_push": RemoteCommand(
+            push_command(host, DATA_FILE.removesuffix(".py"), rundir, data_dir, cache_dir(host)),
+            stdin="tar.gz of the data manifest and its host helper; after the host's answer, "
+                  "the data files it lacks, each headed by its sha256"),
     }
 
 
@@ -293,8 +296,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
             push=RemoteCommand(
-                join([quote_path(host.python), "-S", "-c", quote(PUSH_BOOTSTRAP),
-                      quote_path(rundir), quote_path(cache_dir(host))]),
+                push_command(host, AGENT_FILE.removesuffix(".py"), rundir, cache_dir(host)),
                 stdin="tar.gz of run.json, the agent and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
             ports=RemoteCommand(join([quote_path(host.python), "-", "ports",

@@ -24,8 +24,7 @@ def plan_document(plan: RunPlan) -> dict:
             **({"env_python": hp.env_python} if hp.env_python else {}),
             **({"data": {"source": hp.host.data.shown, "dir": hp.data_dir}}
                if hp.data_dir else {}),
-            **({"data_want": str(hp.data_want), "data_receive": str(hp.data_receive)}
-               if hp.data_want else {}),
+            **({"data_push": str(hp.data_push)} if hp.data_push else {}),
             "push": str(hp.push),
             "ports": str(hp.ports),
             "tasks": [{
@@ -51,7 +50,7 @@ def data_lines(hp: HostPlan) -> list[str]:
     named = ("" if data.tree else
              " (<tree-sha256>: the content hash of its files, computed at push)")
     return [f"  data:   local {data.given} -> {hp.data_dir}{named}; kept "
-            "between runs", f"  data push: {hp.data_want}", f"  data send: {hp.data_receive}"]
+            "between runs", f"  data push: {hp.data_push}"]
 
 
 def ssh_route(host: Host) -> str:

@@ -85,6 +85,8 @@ class PayloadPush:
             def on_answers(answers: dict[str, dict]) -> None:
                 console.print(self.changed(answers), highlight=False)
                 status.update("payload: sending and assembling on every host…")
-            answers = session.push(plan, self.stage, self.content, on_answers)
+            answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push.line,
+                                   lambda hp: self.stage, lambda hp, wanted: self.content(wanted),
+                                   on_answers)
         self.hashes.save()
         return {"files": len(self.files), "bytes": self.total_bytes, "hosts": answers}

@@ -66,40 +66,41 @@ class Session:
         return on_all(name, plans, lambda hp: hp.host.name,
                       lambda hp: step(hp, self.transports[hp.host.name]))
 
-    def push(self, plan: RunPlan, stage: bytes,
-             content: Callable[[frozenset[str]], bytes | Iterable[bytes]],
+    def push(self, plans: list[HostPlan], what: str, command: Callable[[HostPlan], str],
+             stage: Callable[[HostPlan], bytes],
+             content: Callable[[HostPlan, frozenset[str]], bytes | Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
              ) -> dict[str, dict]:
-        """One command per host, in two steps: the stage (identity, agent, manifest, small
-        recent files) is answered with the file contents the host's cache still lacks; then,
-        on the same stdin, exactly those travel and the host assembles payload/ (a host that
-        lacks nothing has done so at its answer). Returns each host's record: missing hashes,
-        received (both steps), files."""
-        first = framed(stage)
+        """One command per host (planner.PUSH_BOOTSTRAP), in two steps: the host's stage (its
+        helper and manifest; for the payload also small recent files) is answered with the
+        file contents the host's cache still lacks; then, on the same stdin, exactly those
+        travel and the host assembles the directory (a host that lacks nothing has done so, or
+        had it, at its answer). `what` ("payload", "data") names the steps in errors. Returns
+        each host's record: missing hashes, received (both steps), files."""
         exchanges: dict[str, Exchange] = {}
 
         def ask(hp: HostPlan, t: Transport) -> dict:
-            exchanges[hp.host.name] = exchange = t.exchange(hp.push.line, timeout=120)
-            exchange.send(first)
+            exchanges[hp.host.name] = exchange = t.exchange(command(hp), timeout=120)
+            exchange.send(framed(stage(hp)))
             line = exchange.readline()
             if not line:                     # it ended without an answer: say why
-                checked(exchange.finish(), hp.host, "payload push")
-            return agent_json(CommandResult(0, line, b""), hp.host, "payload push")
+                checked(exchange.finish(), hp.host, f"{what} push")
+            return agent_json(CommandResult(0, line, b""), hp.host, f"{what} push")
 
         def send(hp: HostPlan, t: Transport) -> dict:
             want, exchange = wants[hp.host.name], exchanges[hp.host.name]
-            if want.get("assembled"):
-                checked(exchange.finish(), hp.host, "payload push")
+            if want.get("assembled") or want.get("present"):
+                checked(exchange.finish(), hp.host, f"{what} push")
                 return want
             exchange.settimeout(1800)
-            exchange.send(content(frozenset(want["missing"])))
-            answer = agent_json(exchange.finish(), hp.host, "sending payload files")
+            exchange.send(content(hp, frozenset(want["missing"])))
+            answer = agent_json(exchange.finish(), hp.host, f"sending {what} files")
             return {**answer, "missing": want["missing"],
                     "received": want["received"] + answer["received"]}
         try:
-            wants = self._all("pushing the payload", plan.hosts, ask)
+            wants = self._all(f"pushing the {what}", plans, ask)
             on_answers(wants)
-            return self._all("sending payload files", plan.hosts, send)
+            return self._all(f"sending {what} files", plans, send)
         finally:
             for exchange in exchanges.values():
                 exchange.close()

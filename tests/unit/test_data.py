@@ -1,7 +1,7 @@
 """The inventory's `data:` field end to end without a network: parsing, the tree hash that names
 a local data directory on the hosts, TFDEPLOY_DATA_DIR in the plan and the run record, the
 host side (deploy/hostdata.py run as a host runs it: want, receive, the data dir kept by
-content), the remote path's check, and the agent refusing a data dir that is not there."""
+content; the one-command push through a local host), the remote path's check, and the agent refusing a data dir that is not there."""
 from __future__ import annotations
 
 import io
@@ -14,16 +14,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from counting import CountingTransport
 from deploy import hashcache, hostcheck
 from deploy.checks import HostCheck, judge_probe, probe_command
 from deploy.datapush import DataPush, DataTree
 from deploy.datasource import DataSource, host_data_dir
 from deploy.hashcache import HashCache
 from deploy.inventory import InventoryError, parse_inventory
-from deploy.planner import CACHE_FILE, DATA_FILE, Options, plan_run
+from deploy.planner import CACHE_FILE, DATA_FILE, PUSH_BOOTSTRAP, Options, plan_run
 from deploy.plantext import plan_document, plan_text
 from deploy.records import load_record, plan_of, record_document, write_record
+from deploy.session import Session
+from deploy.shell import quote
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RUN_ID = "20260101-000000-abcdef"
@@ -137,10 +141,11 @@ def test_the_plan_gives_each_task_its_hosts_data_dir(lab):
                     2: f"~/.tfdeploy/data/{trees['b']}", 3: "~/datasets/mnist",
                     4: f"~/.tfdeploy/data/{trees['a']}"}
     a, b, c, d = plan.hosts
-    assert a.data_want.line.startswith(f"tar -xzf - -C ~/.tfdeploy/runs/{RUN_ID} && ")
-    assert a.data_want.line.endswith(f"/{DATA_FILE} want ~/.tfdeploy/runs/{RUN_ID} "
-                                     f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache")
-    assert c.data_want is None and c.data_receive is None and c.data_dir == "~/datasets/mnist"
+    # One command per push: the bootstrap unpacks the stage and hands over to tfdeploy_data.
+    assert a.data_push.line == (f"python3 -S -c {quote(PUSH_BOOTSTRAP)} "
+                                f"{DATA_FILE.removesuffix('.py')} ~/.tfdeploy/runs/{RUN_ID} "
+                                f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache")
+    assert c.data_push is None and c.data_dir == "~/datasets/mnist"
     text = plan_text(plan)
     assert f"  data:   local shards/a -> ~/.tfdeploy/data/{trees['a']}; kept between runs" in text
     assert "  data:   remote ~/datasets//mnist/ (already on the host; checked, not pushed)" in text
@@ -239,6 +244,34 @@ def test_data_is_sent_once_kept_by_content_and_found_again(tmp_path, lab):
                 if p.name.startswith(".data-")]
 
 
+def test_the_push_is_one_command_per_host_and_a_second_sends_nothing(tmp_path):
+    """DataPush.send on a local host, through the real bootstrap and tfdeploy_data's push."""
+    dirs = shards(tmp_path / "shards")
+    inv = inventory(tmp_path, f"hosts:\n  - {{name: h, transport: local, workdir: "
+                              f"'{tmp_path / 'work'}', data: {{local: shards/a}}}}\n")
+    transport = CountingTransport(inv.hosts[0])
+    quiet = Console(file=open(os.devnull, "w"))
+
+    def send(run_id: str) -> dict:
+        data = DataPush(inv)
+        plan = plan_run(data.resolved(inv), Options(), run_id)
+        # The payload push, which comes first, leaves the content cache's helper there.
+        rundir = Path(plan.hosts[0].run_dir)
+        rundir.mkdir(parents=True)
+        shutil.copy(DEPLOY / "hostcache.py", rundir / CACHE_FILE)
+        transport.commands = 0
+        return data.send(Session({"h": transport}), plan, quiet)["hosts"]["h"]
+
+    first = send("r1")
+    assert transport.commands == 1
+    assert first["present"] is False and len(first["received"]) == 2 and first["bytes"] == 1002
+    assert (Path(first["dir"]) / "sub" / "part-1.bin").read_bytes() == b"a1"
+    second = send("r2")
+    assert transport.commands == 1
+    assert second["present"] is True and second["received"] == [] and second["bytes"] == 0
+    assert second["dir"] == first["dir"] and dirs["a"].exists()
+
+
 def test_a_data_dir_not_named_by_its_manifest_is_refused(tmp_path, lab):
     data = DataPush(lab)
     tree = data.trees[lab.hosts[0].data.path]
@@ -264,7 +297,7 @@ def test_a_cut_stream_leaves_no_data_dir(tmp_path, lab):
 def test_the_summary_counts_each_directorys_new_files_once(lab):
     data = DataPush(lab)
     plan = plan_run(data.resolved(lab), Options(), RUN_ID)
-    plans = [hp for hp in plan.hosts if hp.data_want]
+    plans = [hp for hp in plan.hosts if hp.data_push]
     a_files = [f.sha256 for f in data.trees[lab.hosts[0].data.path].files]
     answers = {"a": {"missing": a_files, "received": []}, "b": {"missing": [], "received": []},
                "d": {"missing": a_files[:1], "received": []}}

@@ -219,8 +219,8 @@ def test_commands_name_the_run_dir_and_agent():
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
     # One command per host: the bootstrap unpacks the stage, the agent answers and receives.
-    assert b.push.line == (f"~/venv/bin/python -S -c {quote(PUSH_BOOTSTRAP)} {b.run_dir} "
-                           "/scratch/tf/cache")
+    assert b.push.line == (f"~/venv/bin/python -S -c {quote(PUSH_BOOTSTRAP)} tfdeploy_agent "
+                           f"{b.run_dir} /scratch/tf/cache")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
     assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")

@@ -11,29 +11,13 @@ import paramiko
 import pytest
 from rich.console import Console
 
+from counting import CountingTransport
 from deploy.inventory import parse_inventory
 from deploy.parallel import HostsFailed
 from deploy.planner import Options, plan_run
 from deploy.push import PayloadPush
 from deploy.session import Session
 from deploy.sshlogin import GcmFirstTransport
-from deploy.transport import LocalTransport
-
-
-class CountingTransport(LocalTransport):
-    """A local host that counts the commands it is given."""
-
-    def __init__(self, host):
-        super().__init__(host)
-        self.commands = 0
-
-    def run(self, *args, **kwargs):
-        self.commands += 1
-        return super().run(*args, **kwargs)
-
-    def exchange(self, *args, **kwargs):
-        self.commands += 1
-        return super().exchange(*args, **kwargs)
 
 
 @pytest.fixture
