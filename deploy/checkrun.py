@@ -89,7 +89,7 @@ def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_ke
 
 
 def check_before_run(session: Session, inventory: Inventory, console: Console,
-                     requirements_sha256: str | None = None) -> None:
+                     requirements_sha256: str | None = None) -> CheckReport:
     """`train`'s checks, on the session's connections. On a problem the session is closed and
     ChecksFailed raised: nothing has been started or written on any host."""
     try:
@@ -105,6 +105,7 @@ def check_before_run(session: Session, inventory: Inventory, console: Console,
         raise
     say(console, f"checked {len(report.hosts)} host(s) in {report.seconds:.1f} s: "
                  f"versions, disk, ports and the TCP mesh are fine", "green")
+    return report
 
 
 def report_view(report: CheckReport) -> Group:

@@ -46,6 +46,12 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.all_problems
 
+    @property
+    def task_ports(self) -> dict[str, list[int]]:
+        """Each host's task ports, chosen as a run chooses them and, once the mesh passed,
+        proven reachable from every other host."""
+        return {c.host.name: c.ports for c in self.hosts}
+
 
 def tf_label(host: Host) -> str:
     return f"{host.name} ({host.tf_address})"

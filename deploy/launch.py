@@ -16,7 +16,7 @@ from rich.console import Console
 from .checkrun import check_before_run
 from .datapush import DataPush
 from .inventory import Inventory
-from .planner import Options, plan_run
+from .planner import Options, plan_run, ports_by_task
 from .plantext import plan_document
 from .push import PayloadPush
 from .records import FollowLock, record_document, write_json, write_record
@@ -44,9 +44,13 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
                   highlight=False)
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+    checked_ports = None
     if settings.check:
-        # Closes the session when it fails.
-        check_before_run(session, inventory, console, options.requirements_sha256)
+        # Closes the session when it fails. The ports it chose are the run's: the mesh check
+        # just proved them reachable from every host, and a second probe would cost every host
+        # another command.
+        checked_ports = check_before_run(session, inventory, console,
+                                         options.requirements_sha256).task_ports
     local_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"local records in {local_dir}", highlight=False)
     started = time.time()
@@ -65,7 +69,9 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         if any(hp.data_dir for hp in skeleton.hosts):
             write_json(local_dir / "data.json", data.send(session, skeleton, console))
         with console.status("choosing ports…"):
-            run.plan = plan_run(inventory, options, run_id, session.free_ports(skeleton))
+            ports = (ports_by_task(skeleton, checked_ports) if checked_ports
+                     else session.free_ports(skeleton))
+            run.plan = plan_run(inventory, options, run_id, ports)
         write_json(local_dir / "plan.json", plan_document(run.plan))
         write_record(local_dir, record_document(
             run.plan, "starting", started, restarts=settings.restarts, attempt=1))

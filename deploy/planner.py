@@ -231,6 +231,11 @@ def assign_ports(hosts: list[tuple[Host, int]],
     return chosen
 
 
+def ports_by_task(plan: "RunPlan", chosen: Mapping[str, list[int]]) -> dict[int, int]:
+    """Each host's chosen ports (assign_ports) given to its tasks in order, by task index."""
+    return {t.index: port for hp in plan.hosts for t, port in zip(hp.tasks, chosen[hp.host.name])}
+
+
 def tf_config(cluster: list[str], index: int) -> dict:
     return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
 

@@ -16,7 +16,8 @@ from .checks import HOSTCHECK_SOURCE
 from .inventory import Host, Inventory
 from .parallel import HostsFailed, on_all, on_each
 from .planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command,
-                      fetch_output_command, poll_command, replace_backup_command, stop_command)
+                      fetch_output_command, poll_command, ports_by_task, replace_backup_command,
+                      stop_command)
 from .transport import CommandResult, Exchange, Transport, connect
 
 
@@ -116,8 +117,7 @@ class Session:
                                   {name: answer["ports"] for name, answer in answers.items()})
         except ValueError as exc:
             raise StepFailed(str(exc)) from None
-        return {t.index: port for hp in plan.hosts
-                for t, port in zip(hp.tasks, chosen[hp.host.name])}
+        return ports_by_task(plan, chosen)
 
     def launch(self, plan: RunPlan, attempt: int = 1) -> None:
         def start(hp: HostPlan, t: Transport) -> None:

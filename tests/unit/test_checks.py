@@ -14,7 +14,7 @@ from deploy.checks import (HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostChe
                            mesh_pairs, mesh_specs, probe_command, rows, version_problems)
 from deploy.inventory import parse_inventory
 from deploy.lints import lint
-from deploy.planner import assign_ports
+from deploy.planner import Options, assign_ports, plan_run, ports_by_task
 
 THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
          "  - {name: b, address: 10.1.2.4, workers: 2}\n"
@@ -99,6 +99,16 @@ def test_ports_are_distinct_across_the_cluster_as_a_run_chooses_them():
     assert [c.ports for c in checks] == [[20001], [20002, 20003], [20004]]
     short = probed(answers={"c": probe(ports=(20001, 20002))})
     assert assign_task_ports(short) == "c (ssh-c): could not find 1 free ports"
+
+
+def test_a_run_takes_the_ports_the_mesh_check_reached():
+    checks = probed()
+    assign_task_ports(checks)
+    plan = plan_run(inventory(), Options(), "20260101-000000-abcdef")
+    ports = ports_by_task(plan, CheckReport(checks).task_ports)
+    assert ports == {0: 20001, 1: 20002, 2: 20003, 3: 20004}
+    endpoints = [t.endpoint for t in plan_run(inventory(), Options(), "r", ports).tasks]
+    assert endpoints == ["10.1.2.3:20001", "10.1.2.4:20002", "10.1.2.4:20003", "10.1.2.5:20004"]
 
 
 def test_assign_ports_keeps_inventory_order():
