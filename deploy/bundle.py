@@ -99,22 +99,31 @@ def stage_tar(run_id: str, files: tuple[FileEntry, ...], riders: list[FileEntry]
     (as inline/<sha256>, taken from `payload`), as a small tar.gz."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        _add_bytes(tar, "run.json", json.dumps({"run_id": run_id}).encode())
-        _add_bytes(tar, MANIFEST_FILE, json.dumps(manifest_document(files)).encode())
+        add_bytes(tar, "run.json", json.dumps({"run_id": run_id}).encode())
+        add_bytes(tar, MANIFEST_FILE, json.dumps(manifest_document(files)).encode())
         tar.add(AGENT_SOURCE, arcname=AGENT_FILE)
         tar.add(CACHE_SOURCE, arcname=CACHE_FILE)
         for f in riders:
-            _add_bytes(tar, f"{INLINE_DIR}/{f.sha256}", (payload / f.path).read_bytes())
+            add_bytes(tar, f"{INLINE_DIR}/{f.sha256}", (payload / f.path).read_bytes())
     return buf.getvalue()
+
+
+# Content a faster host has read is kept for the hosts behind it up to this much; past it,
+# those read the file again (from the page cache, most likely) instead of the controller
+# holding a whole dataset in memory.
+SHARED_BYTES = 256 << 20
 
 
 class FileStream:
     """The content of every file whose hash is in `wanted`, once per hash, framed as
     hostcache.py reads it: MAGIC, then per file a line "<sha256> <size>" and its bytes, END.
-    Iterating gives the pieces in order without joining them; each file is read from disk once
-    however many hosts iterate the same stream, each at its own pace, from their own threads.
-    Not compressed: payloads that matter for speed are mostly data and weights. A file changed
-    since it was hashed is caught here (or by the host's check)."""
+    Iterating gives the pieces in order without joining them. Hosts iterate the same stream
+    at their own pace from their own threads: a file read for the first of them is kept
+    until every host that is iterating has passed it (within SHARED_BYTES), so hosts that
+    keep up read each file from disk once between them, and memory holds only the distance
+    between the fastest and the slowest. Not compressed: payloads that matter for speed are
+    mostly data and weights. A file changed since it was hashed is caught here (or by the
+    host's check)."""
 
     def __init__(self, payload: Path, files: tuple[FileEntry, ...], wanted: set[str]):
         self.payload = payload
@@ -129,25 +138,63 @@ class FileStream:
             raise BundleError(f"the host asked for content not in the payload: "
                               f"{sorted(missing)[:3]}")
         self.size = sum(f.size for f in self.order)
-        self._read: list[bytes] = []
+        self._kept: dict[int, bytes] = {}
+        self._kept_bytes = 0
+        self._next: dict[object, int] = {}       # per iteration: the next file it reads
         self._lock = threading.Lock()
 
     def _content(self, i: int) -> bytes:
         with self._lock:
-            while len(self._read) <= i:
-                f = self.order[len(self._read)]
+            data = self._kept.get(i)
+            if data is None:
+                f = self.order[i]
                 data = (self.payload / f.path).read_bytes()
                 if len(data) != f.size:
                     raise BundleError(f"{self.payload / f.path} changed while it was being pushed")
-                self._read.append(data)
-            return self._read[i]
+                if self._kept_bytes + len(data) <= SHARED_BYTES:
+                    self._kept[i] = data
+                    self._kept_bytes += len(data)
+            return data
+
+    def _passed(self, reader: object, i: int | None) -> None:
+        """`reader` is now at file `i` (None: it ended); drop what no reader still needs."""
+        with self._lock:
+            if i is None:
+                self._next.pop(reader, None)
+            else:
+                self._next[reader] = i
+            slowest = min(self._next.values(), default=len(self.order))
+            for k in [k for k in self._kept if k < slowest]:
+                self._kept_bytes -= len(self._kept.pop(k))
 
     def __iter__(self) -> Iterator[bytes]:
-        yield MAGIC
-        for i, f in enumerate(self.order):
-            yield f"{f.sha256} {f.size}\n".encode()
-            yield self._content(i)
-        yield END
+        reader = object()
+        self._passed(reader, 0)
+        try:
+            yield MAGIC
+            for i, f in enumerate(self.order):
+                yield f"{f.sha256} {f.size}\n".encode()
+                yield self._content(i)
+                self._passed(reader, i + 1)
+            yield END
+        finally:
+            self._passed(reader, None)
+
+
+class SharedStreams:
+    """One FileStream per directory and set of wanted hashes: hosts that lack the same files
+    share it, and sending starts with the first file, not after all of them were read."""
+
+    def __init__(self) -> None:
+        self._streams: dict[tuple[str, frozenset[str]], FileStream] = {}
+        self._lock = threading.Lock()
+
+    def get(self, root: Path, files: tuple[FileEntry, ...], wanted: frozenset[str]) -> FileStream:
+        key = (str(root), wanted)
+        with self._lock:
+            if key not in self._streams:
+                self._streams[key] = FileStream(root, files, set(wanted))
+            return self._streams[key]
 
 
 def framed(stage: bytes) -> bytes:
@@ -156,7 +203,7 @@ def framed(stage: bytes) -> bytes:
     return b"%d\n" % len(stage) + stage
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o644

@@ -14,14 +14,13 @@ import hashlib
 import io
 import json
 import tarfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from .bundle import BundleError, FileEntry, FileStream, file_entry, manifest_document, \
-    payload_files
+from .bundle import BundleError, FileEntry, FileStream, SharedStreams, add_bytes, file_entry, \
+    manifest_document, payload_files
 from .hashcache import HashCache
 from .hostdata import MANIFEST
 from .inventory import Inventory, InventoryError
@@ -56,9 +55,7 @@ class DataTree:
         """The data step's tar.gz: the manifest and the host helper, into the run dir."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-            info = tarfile.TarInfo(MANIFEST)
-            info.size, info.mode = len(self.manifest), 0o644
-            tar.addfile(info, io.BytesIO(self.manifest))
+            add_bytes(tar, MANIFEST, self.manifest)
             tar.add(HOSTDATA_SOURCE, arcname=DATA_FILE)
         return buf.getvalue()
 
@@ -79,8 +76,7 @@ class DataPush:
             except (BundleError, OSError) as exc:
                 raise InventoryError(inventory.path, f"local: {exc}", host=host.name,
                                      field="data") from None
-        self._streams: dict[tuple[str, frozenset[str]], FileStream] = {}
-        self._lock = threading.Lock()
+        self.streams = SharedStreams()
 
     def resolved(self, inventory: Inventory) -> Inventory:
         """The inventory with each local data source named by its tree's hash, which gives the
@@ -91,13 +87,7 @@ class DataPush:
         return dataclasses.replace(inventory, hosts=hosts)
 
     def content(self, tree: DataTree, wanted: frozenset[str]) -> FileStream:
-        """The file stream for one tree and set of hashes; hosts lacking the same share it,
-        each file read once and sent piece by piece, never whole in memory."""
-        key = (str(tree.root), wanted)
-        with self._lock:
-            if key not in self._streams:
-                self._streams[key] = FileStream(tree.root, tree.files, set(wanted))
-            return self._streams[key]
+        return self.streams.get(tree.root, tree.files, wanted)
 
     def summary(self, plans: list[HostPlan], answers: dict[str, dict]) -> str:
         """`data: 3 of 40 file(s) new (1.2 MiB) → 2 of 2 host(s)`: contents some host lacked,

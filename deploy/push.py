@@ -3,12 +3,11 @@ it lacks, send each host only that, say what travelled."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from rich.console import Console
 
-from .bundle import FileEntry, FileStream, manifest, stage_tar
+from .bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
 from .hashcache import HashCache
 from .planner import RunPlan
 from .session import Session
@@ -36,8 +35,7 @@ class PayloadPush:
         self.hashes = HashCache(hash_cache)
         self.files: tuple[FileEntry, ...] = manifest(payload, entry, self.hashes)
         self.stage = stage_tar(run_id, self.files, self.riders(self.hashes.changed), payload)
-        self._streams: dict[frozenset[str], FileStream] = {}
-        self._lock = threading.Lock()
+        self.streams = SharedStreams()
 
     def riders(self, changed: set[str]) -> list[FileEntry]:
         """Files changed since the last push (their hash was not remembered), smallest first,
@@ -59,12 +57,7 @@ class PayloadPush:
         return sum(f.size for f in self.files)
 
     def content(self, wanted: frozenset[str]) -> FileStream:
-        """The file stream for one set of hashes; hosts that lack the same files share one,
-        so each file is read once and sending starts with the first file, not after all."""
-        with self._lock:
-            if wanted not in self._streams:
-                self._streams[wanted] = FileStream(self.payload, self.files, set(wanted))
-            return self._streams[wanted]
+        return self.streams.get(self.payload, self.files, wanted)
 
     def changed(self, answers: dict[str, dict]) -> str:
         """`payload: 3 of 1000 files changed (12.0 KiB) → 4 of 4 host(s)`: the contents some

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import bundle
 from deploy.bundle import (AGENT_SOURCE, CACHE_SOURCE, BundleError, FileStream, manifest,
                            payload_files, stage_tar)
 
@@ -82,6 +83,41 @@ def test_the_file_stream_holds_each_wanted_content_once_headed_by_its_hash(paylo
     assert b"".join(FileStream(payload, files, set())) == b"tfdeploy-files 1\nend\n"
     with pytest.raises(BundleError, match="not in the payload"):
         b"".join(FileStream(payload, files, {"0" * 64}))
+
+
+def test_hosts_iterating_one_stream_share_reads_and_only_what_the_slowest_still_needs(
+        tmp_path, monkeypatch):
+    root = tmp_path / "shard"
+    root.mkdir()
+    for i in range(4):
+        (root / f"part-{i}.bin").write_bytes(bytes([i]) * 1000)
+    files = manifest(root, "part-0.bin")
+    reads = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: reads.append(p.name) or real(p))
+    stream = FileStream(root, files, {f.sha256 for f in files})
+    expected = b"".join(FileStream(root, files, {f.sha256 for f in files}))
+    reads.clear()
+    fast, slow = iter(stream), iter(stream)
+    got_fast = [next(fast), next(slow)]
+    got_slow = [got_fast.pop()]
+    got_fast += [next(fast) for _ in range(6)]          # three files ahead of the slow host
+    assert stream._kept_bytes == 3000                    # what the slow host has yet to read
+    got_slow += list(slow)
+    assert stream._kept_bytes == 2000           # files 2 and 3: the fast host is on file 2
+    got_fast += list(fast)
+    assert b"".join(got_fast) == b"".join(got_slow) == expected
+    assert sorted(reads) == [f"part-{i}.bin" for i in range(4)]    # each read once
+    assert stream._kept_bytes == 0                       # nothing kept once both are done
+    # Past SHARED_BYTES a host behind reads the file itself: same bytes, bounded memory.
+    monkeypatch.setattr(bundle, "SHARED_BYTES", 1500)
+    stream = FileStream(root, files, {f.sha256 for f in files})
+    reads.clear()
+    fast, slow = iter(stream), iter(stream)
+    next(slow)
+    assert b"".join(fast) == expected and stream._kept_bytes <= 1500
+    assert b"".join([b"tfdeploy-files 1\n", *slow]) == expected
+    assert len(reads) == 4 + 3                           # three files read again for it
 
 
 def test_skipped_parts_never_reach_the_bundle(payload):
