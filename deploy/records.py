@@ -49,9 +49,7 @@ def record_document(plan: RunPlan, state: str, started: float, **extra) -> dict:
                     "requirements_sha256": plan.options.requirements_sha256,
                     "backup": plan.options.backup},
         "hosts": [{**{k: _stored(getattr(hp.host, k)) for k in HOST_FIELDS},
-                   # The data source with its tree hash: the same TFDEPLOY_DATA_DIR on re-plan.
-                   "data": hp.host.data and hp.host.data.document(), "run_dir": hp.run_dir}
-                  for hp in plan.hosts],
+                   "run_dir": hp.run_dir} for hp in plan.hosts],
         "tasks": [{"index": t.index, "name": t.name, "host": t.host.name, "port": t.port,
                    "endpoint": t.endpoint} for t in plan.tasks],
     }
@@ -124,7 +122,10 @@ def find_run(runs_dir: Path, run_id: str | None) -> Path:
 
 
 def _stored(value):
-    """The resolved SSH logins (Hop) as plain mappings; everything else is JSON already."""
+    """The resolved SSH logins (Hop) and the data source (with its tree hash: the same
+    TFDEPLOY_DATA_DIR on re-plan) as plain mappings; everything else is JSON already."""
+    if isinstance(value, DataSource):
+        return value.document()
     if isinstance(value, Hop):
         return dataclasses.asdict(value)
     if isinstance(value, tuple) and value and isinstance(value[0], Hop):
