@@ -108,7 +108,7 @@ def synthetic_data():
     w1 = rng.standard_normal((x.shape[1], 16)).astype("float32")
     w2 = rng.standard_normal((16, NUM_CLASSES)).astype("float32")
     y = np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype("int64")
-    return x[:, :NUM_FEATURES_A], x[:, NUM_FEATURES_A:], y
+    return x, y
 
 
 def load_data_dir(path, num_classes):
@@ -143,8 +143,8 @@ def load_data_dir(path, num_classes):
 
 
 def split_features(x):
-    """The two inputs of --multi-input: the first 3/5 of the columns and the rest (12 and 8
-    for the synthetic data's 20)."""
+    """The two inputs of --multi-input: the first 3/5 of the columns and the rest
+    (NUM_FEATURES_A and NUM_FEATURES_B for the synthetic data)."""
     cut = max(1, x.shape[1] * 3 // 5)
     return x[:, :cut], x[:, cut:]
 
@@ -162,12 +162,11 @@ def make_dataset(global_batch, multi_input, data=None):
     worker feeds its share of every global batch from its own data.
     """
     if data is None:
-        xa, xb, y = synthetic_data()
-        policy = tf.data.experimental.AutoShardPolicy.DATA
+        (x, y), policy = synthetic_data(), tf.data.experimental.AutoShardPolicy.DATA
     else:
-        (xa, xb), y = split_features(data[0]), data[1]
-        policy = tf.data.experimental.AutoShardPolicy.OFF
-    features = {"a": xa, "b": xb} if multi_input else np.concatenate([xa, xb], axis=1)
+        (x, y), policy = data, tf.data.experimental.AutoShardPolicy.OFF
+    xa, xb = split_features(x)
+    features = {"a": xa, "b": xb} if multi_input else x
     ds = tf.data.Dataset.from_tensor_slices((features, y))
     ds = ds.shuffle(len(y), seed=SEED, reshuffle_each_iteration=True)
     ds = ds.repeat().batch(global_batch, drop_remainder=True)
