@@ -9,21 +9,21 @@ from invoke import Exit, task
 from rich.console import Console
 from rich.text import Text
 
-from deploy.bundle import BundleError
-from deploy.checkrun import ChecksFailed, check_hosts, report_view
-from deploy.envsetup import requirements_hash, setup as setup_envs
-from deploy.inventory import Inventory, InventoryError, load_inventory
-from deploy.launch import train as run_training
-from deploy.lints import LintFailed, lint
-from deploy.parallel import HostsFailed
-from deploy.planner import Options, plan_run
-from deploy.plantext import plan_text
-from deploy.reattach import down as stop_run, list_runs, logs as show_logs, status as show_status
-from deploy.records import RecordError
-from deploy.runner import RunSettings, new_run_id
-from deploy.session import StepFailed
-from deploy.shell import split_args
-from deploy.transport import TransportError
+from deploy.push.bundle import BundleError
+from deploy.run.check import ChecksFailed, check_hosts, report_view
+from deploy.run.setup import requirements_hash, setup as setup_envs
+from deploy.inventory.load import Inventory, InventoryError, load_inventory
+from deploy.run.launch import train as run_training
+from deploy.plan.lints import LintFailed, lint
+from deploy.ssh.parallel import HostsFailed
+from deploy.plan.planner import Options, plan_run
+from deploy.plan.text import plan_text
+from deploy.run.reattach import down as stop_run, list_runs, logs as show_logs, status as show_status
+from deploy.state.record import RecordError
+from deploy.run.run import RunSettings, new_run_id
+from deploy.ssh.session import StepFailed
+from deploy.plan.command import split_args
+from deploy.ssh.transport import TransportError
 
 EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFailed,
                    TransportError, ChecksFailed, ValueError, RecordError)

@@ -16,12 +16,12 @@ import pytest
 from rich.console import Console
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from deploy.inventory import EnvValue, Inventory, load_inventory, workdir_problem
-from deploy.planner import Options, plan_run
-from deploy.push import PayloadPush
-from deploy.runner import new_run_id
-from deploy.session import Session
-from deploy.transport import connect
+from deploy.inventory.load import EnvValue, Inventory, load_inventory, workdir_problem
+from deploy.plan.planner import Options, plan_run
+from deploy.push.payload import PayloadPush
+from deploy.run.run import new_run_id
+from deploy.ssh.session import Session
+from deploy.ssh.transport import connect
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy import sshconfig
+from deploy.inventory import sshconfig
 
 
 @pytest.fixture(autouse=True)

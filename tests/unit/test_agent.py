@@ -22,17 +22,17 @@ from pathlib import Path
 
 import pytest
 
+import hostpkg
 from procs import processes_of_run, wait_until_gone
 
-from deploy import hostenv
-from deploy.bundle import framed
-from deploy.push import PayloadPush
-from deploy.inventory import EnvValue, Inventory, parse_inventory
-from deploy.planner import (Options, cleanup_command, fetch_output_command, plan_run,
+from deploy.host import env as hostenv
+from deploy.push.bundle import framed
+from deploy.push.payload import PayloadPush
+from deploy.inventory.load import EnvValue, Inventory, parse_inventory
+from deploy.plan.planner import (Options, cleanup_command, fetch_output_command, plan_run,
                             poll_command, stop_command)
-from deploy.transport import LocalTransport
+from deploy.ssh.transport import LocalTransport
 
-AGENT = Path(__file__).resolve().parents[2] / "deploy" / "agent.py"
 
 
 def kill_run(run_id: str) -> None:
@@ -62,7 +62,7 @@ def rundir(tmp_path, run_id):
 
 
 def run_agent(*args: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(AGENT), *args], input=stdin, text=True,
+    return subprocess.run([*hostpkg.command(Path(args[1])), *args], input=stdin, text=True,
                           capture_output=True, timeout=30, env=env)
 
 
@@ -218,7 +218,7 @@ def test_stop_escalates_to_kill_for_a_task_that_ignores_term(rundir, run_id):
 def test_follow_streams_until_every_task_has_ended(rundir):
     launch(rundir, 0, "/bin/sh", "-c", "echo one; sleep 0.3; echo two")
     launch(rundir, 1, "/bin/sh", "-c", "exit 3")
-    done = subprocess.run([sys.executable, str(AGENT), "follow", str(rundir), "0:0", "1:0"],
+    done = subprocess.run([*hostpkg.command(rundir), "follow", str(rundir), "0:0", "1:0"],
                           capture_output=True, text=True, timeout=30, check=True)
     docs = [json.loads(line) for line in done.stdout.splitlines()]
     logged = b"".join(base64.b64decode(d["tasks"]["0"]["data"]) for d in docs if "0" in d["tasks"])
@@ -394,7 +394,7 @@ def test_a_task_that_handles_term_keeps_its_grace(rundir, run_id):
 
 
 def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(tmp_path, rundir):
-    from deploy.planner import fetch_backup_command, replace_backup_command
+    from deploy.plan.planner import fetch_backup_command, replace_backup_command
     source = tmp_path / "chief" / "runs" / rundir.name
     (source / "backup" / "chief").mkdir(parents=True)
     (source / "backup" / "chief" / "checkpoint").write_text("epoch 2")
@@ -416,7 +416,7 @@ def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(tmp_path
 def test_a_follower_stops_the_tasks_when_asked_on_its_stdin(rundir, run_id):
     launch(rundir, 0, "sleep", "60")
     wait_for_processes(run_id, 2)
-    follower = subprocess.Popen([sys.executable, str(AGENT), "follow", str(rundir), "0:0"],
+    follower = subprocess.Popen([*hostpkg.command(rundir), "follow", str(rundir), "0:0"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         follower.stdin.write("stop 5\n")

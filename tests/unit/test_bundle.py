@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import bundle
-from deploy.bundle import (AGENT_SOURCE, CACHE_SOURCE, BundleError, FileStream, manifest,
-                           payload_files, stage_tar)
+from deploy.push import bundle
+from deploy.push.bundle import BundleError, FileStream, manifest, payload_files, stage_tar
+from deploy.push.hostzip import host_zip
 
 RUN_ID = "20260101-000000-b0b0b0"
 
@@ -55,11 +55,9 @@ def test_stage_holds_identity_agent_and_manifest(payload):
     files = manifest(payload, "train.py")
     stage = stage_tar(RUN_ID, files)
     assert stage[:2] == b"\x1f\x8b"                        # gzip
-    assert sorted(members(stage)) == ["manifest.json", "run.json", "tfdeploy_agent.py",
-                                      "tfdeploy_cache.py"]
+    assert sorted(members(stage)) == ["manifest.json", "run.json", "tfdeploy-host.zip"]
     assert json.loads(read(stage, "run.json")) == {"run_id": RUN_ID}
-    assert read(stage, "tfdeploy_agent.py") == AGENT_SOURCE.read_bytes()
-    assert read(stage, "tfdeploy_cache.py") == CACHE_SOURCE.read_bytes()
+    assert read(stage, "tfdeploy-host.zip") == host_zip()
     doc = json.loads(read(stage, "manifest.json"))
     assert [row[0] for row in doc["files"]] == ["nb/a.ipynb", "pkg/__init__.py",
                                                 "pkg/deep/er/data file.csv", "pkg/util.py",

@@ -1,5 +1,5 @@
 """`inv check`'s pure parts (what to ask, how to judge the answers, the mesh, the table) and
-the host-side hostcheck.py, run as a host runs it: source on stdin, nothing written."""
+the host side (deploy/host/check.py), run as a host runs it: source on stdin, nothing written."""
 from __future__ import annotations
 
 import json
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from deploy.checks import (HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck,
+from deploy.plan.checks import (HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck,
                            assign_task_ports, judge_mesh, judge_probe, mesh_command,
                            mesh_pairs, mesh_specs, probe_command, rows, version_problems)
-from deploy.inventory import parse_inventory
-from deploy.lints import lint
-from deploy.planner import Options, assign_ports, plan_run, ports_by_task
+from deploy.inventory.load import parse_inventory
+from deploy.plan.lints import lint
+from deploy.plan.planner import Options, assign_ports, plan_run, ports_by_task
 
 THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
          "  - {name: b, address: 10.1.2.4, workers: 2}\n"
@@ -42,9 +42,9 @@ def probed(text=THREE, answers=None):
 def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything():
     host = inventory("hosts:\n  - {name: a, address: x, python: /opt/py3,"
                      " workdir: '~/my dir'}\n").hosts[0]
-    assert probe_command(host) == "/opt/py3 - probe ~/'my dir' 5"
+    assert probe_command(host) == "/opt/py3 -I - probe ~/'my dir' 5"
     line = mesh_command(host, {"host": "a", "targets": [["x", 1, "$(id)"]]})
-    assert line.startswith("/opt/py3 - mesh '{") and "$(id)" in line
+    assert line.startswith("/opt/py3 -I - mesh '{") and "$(id)" in line
 
 
 @pytest.mark.parametrize("env_exists", [True, False])
@@ -209,10 +209,10 @@ def test_one_machine_twice_or_an_all_loopback_lab_is_no_duplicate():
     assert lint(same_machine, nowhere) == [] and lint(lab, nowhere) == []
 
 
-# --- hostcheck.py, run as a host runs it -----------------------------------------------------
+# --- deploy/host/check.py, run as a host runs it ---------------------------------------------
 
 def hostcheck(*args: str, timeout: float = 30) -> dict:
-    done = subprocess.run([sys.executable, "-", *args], input=HOSTCHECK_SOURCE.read_bytes(),
+    done = subprocess.run([sys.executable, "-I", "-", *args], input=HOSTCHECK_SOURCE.read_bytes(),
                           capture_output=True, timeout=timeout, check=True)
     return json.loads(done.stdout)
 

@@ -1,6 +1,6 @@
 """The inventory's `data:` field end to end without a network: parsing, the tree hash that names
 a local data directory on the hosts, TFDEPLOY_DATA_DIR in the plan and the run record, the
-host side (deploy/hostdata.py run as a host runs it: want, receive, the data dir kept by
+host side (deploy/host/data.py run as a host runs it: want, receive, the data dir kept by
 content; the one-command push through a local host), the remote path's check, and the agent refusing a data dir that is not there."""
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+import hostpkg
 from counting import CountingTransport
-from deploy import hashcache, hostcheck
-from deploy.checks import HostCheck, judge_probe, probe_command
-from deploy.datapush import DataPush, DataTree
-from deploy.datasource import DataSource, host_data_dir
-from deploy.hashcache import HashCache
-from deploy.inventory import InventoryError, parse_inventory
-from deploy.planner import CACHE_FILE, DATA_FILE, PUSH_BOOTSTRAP, Options, plan_run
-from deploy.plantext import plan_document, plan_text
-from deploy.records import load_record, plan_of, record_document, write_record
-from deploy.session import Session
-from deploy.shell import quote
+from deploy.push import hashcache
+from deploy.host import check as hostcheck
+from deploy.plan.checks import HostCheck, judge_probe, probe_command
+from deploy.push.data import DataPush, DataTree
+from deploy.inventory.datasource import DataSource, host_data_dir
+from deploy.push.hashcache import HashCache
+from deploy.inventory.load import InventoryError, parse_inventory
+from deploy.plan.planner import PUSH_BOOTSTRAP, Options, plan_run
+from deploy.plan.text import plan_document, plan_text
+from deploy.state.record import load_record, plan_of, record_document, write_record
+from deploy.ssh.session import Session
+from deploy.plan.command import quote
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RUN_ID = "20260101-000000-abcdef"
 
 
@@ -141,9 +142,9 @@ def test_the_plan_gives_each_task_its_hosts_data_dir(lab):
                     2: f"~/.tfdeploy/data/{trees['b']}", 3: "~/datasets/mnist",
                     4: f"~/.tfdeploy/data/{trees['a']}"}
     a, b, c, d = plan.hosts
-    # One command per push: the bootstrap unpacks the stage and hands over to tfdeploy_data.
-    assert a.data_push.line == (f"python3 -S -c {quote(PUSH_BOOTSTRAP)} "
-                                f"{DATA_FILE.removesuffix('.py')} ~/.tfdeploy/runs/{RUN_ID} "
+    # One command per push: the bootstrap unpacks the stage and becomes the data-push verb.
+    assert a.data_push.line == (f"python3 -I -S -c {quote(PUSH_BOOTSTRAP)} "
+                                f"data-push ~/.tfdeploy/runs/{RUN_ID} "
                                 f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache")
     assert c.data_push is None and c.data_dir == "~/datasets/mnist"
     text = plan_text(plan)
@@ -186,16 +187,16 @@ def test_a_record_from_before_data_replans_without_it(lab, tmp_path):
 # -- the host side, as a host runs it ----------------------------------------------------------
 
 def host_run_dir(tmp_path: Path, name: str) -> Path:
-    """A run directory as the payload push leaves it: the content cache's helper is there."""
+    """A run directory as the payload push leaves it: the host package is there."""
     rundir = tmp_path / "work" / "runs" / name
     rundir.mkdir(parents=True)
-    shutil.copy(DEPLOY / "hostcache.py", rundir / CACHE_FILE)
+    hostpkg.place(rundir)
     return rundir
 
 
 def host(verb: str, rundir: Path, datadir: str, stdin: bytes = b"") -> dict:
     cache = rundir.parents[1] / "cache"
-    done = subprocess.run([sys.executable, str(rundir / DATA_FILE), verb, str(rundir), datadir,
+    done = subprocess.run([*hostpkg.command(rundir), f"data-{verb}", str(rundir), datadir,
                            str(cache)], input=stdin, capture_output=True, timeout=60)
     if done.returncode:
         raise AssertionError(done.stderr.decode())
@@ -245,7 +246,7 @@ def test_data_is_sent_once_kept_by_content_and_found_again(tmp_path, lab):
 
 
 def test_the_push_is_one_command_per_host_and_a_second_sends_nothing(tmp_path):
-    """DataPush.send on a local host, through the real bootstrap and tfdeploy_data's push."""
+    """DataPush.send on a local host, through the real bootstrap and the data-push verb."""
     dirs = shards(tmp_path / "shards")
     inv = inventory(tmp_path, f"hosts:\n  - {{name: h, transport: local, workdir: "
                               f"'{tmp_path / 'work'}', data: {{local: shards/a}}}}\n")
@@ -255,10 +256,6 @@ def test_the_push_is_one_command_per_host_and_a_second_sends_nothing(tmp_path):
     def send(run_id: str) -> dict:
         data = DataPush(inv)
         plan = plan_run(data.resolved(inv), Options(), run_id)
-        # The payload push, which comes first, leaves the content cache's helper there.
-        rundir = Path(plan.hosts[0].run_dir)
-        rundir.mkdir(parents=True)
-        shutil.copy(DEPLOY / "hostcache.py", rundir / CACHE_FILE)
         transport.commands = 0
         return data.send(Session({"h": transport}), plan, quiet)["hosts"]["h"]
 
@@ -324,7 +321,7 @@ def test_the_agent_refuses_to_start_a_task_without_its_data_dir(tmp_path):
     rundir.mkdir()
     (rundir / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
     env = {"env": {"TFDEPLOY_RUN_ID": RUN_ID, "TFDEPLOY_DATA_DIR": str(tmp_path / "nowhere")}}
-    done = subprocess.run([sys.executable, str(DEPLOY / "agent.py"), "launch", str(rundir), "0",
+    done = subprocess.run([*hostpkg.command(rundir), "launch", str(rundir), "0",
                            str(tmp_path), "--", sys.executable, "-c", "pass"],
                           input=json.dumps(env).encode(), capture_output=True, timeout=60)
     assert done.returncode != 0

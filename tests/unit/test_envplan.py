@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy import hostenv
-from deploy.envplan import plan_setup
-from deploy.inventory import parse_inventory
-from deploy.planner import Options, env_dir, env_python, plan_run
-from deploy.plantext import plan_document, plan_text
+from deploy.host import env as hostenv
+from deploy.plan.setup import plan_setup
+from deploy.inventory.load import parse_inventory
+from deploy.plan.planner import Options, env_dir, env_python, plan_run
+from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"
 REQ = "a" * 64

@@ -9,10 +9,10 @@ import tarfile
 
 import pytest
 
-from deploy import hashcache
-from deploy import push as push_module
-from deploy.hashcache import HashCache
-from deploy.push import PayloadPush
+from deploy.push import hashcache
+from deploy.push import payload as push_module
+from deploy.push.hashcache import HashCache
+from deploy.push.payload import PayloadPush
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The host side of the incremental push (deploy/hostcache.py), run here on temp dirs:
+"""The host side of the incremental push (deploy/host/cache.py), run here on temp dirs:
 what the cache lacks, verified receipt, and payload/ assembled atomically from the cache."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import hostcache
-from deploy.bundle import FileStream, manifest, manifest_document
+import hostpkg
+from deploy.host import cache as hostcache
+from deploy.push.bundle import FileStream, manifest, manifest_document
 
-AGENT = Path(__file__).resolve().parents[2] / "deploy" / "agent.py"
 
 
 @pytest.fixture
@@ -130,13 +130,11 @@ def test_a_manifest_path_leaving_the_payload_is_refused(tmp_path, path):
 
 
 def test_the_agent_runs_want_and_receive_from_the_run_dir(tmp_path, payload):
-    """As on a host: the agent and tfdeploy_cache.py side by side, nothing else importable."""
+    """As on a host: the host package's zip in isolated mode, nothing else importable."""
     rundir, files = new_run(tmp_path, payload, "r1")
-    (rundir / "tfdeploy_agent.py").write_bytes(AGENT.read_bytes())
-    (rundir / "tfdeploy_cache.py").write_bytes(Path(hostcache.__file__).read_bytes())
     cache = str(tmp_path / "work" / "cache")
     env = {"PATH": os.environ["PATH"]}
-    agent = [sys.executable, "-S", str(rundir / "tfdeploy_agent.py")]
+    agent = [*hostpkg.command(rundir)]
     want = subprocess.run(agent + ["want", str(rundir), cache], capture_output=True, env=env)
     missing = json.loads(want.stdout)["missing"]
     got = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.bundle import BundleError, manifest, payload_files
-from deploy.ignore import IgnoreRules
+from deploy.push.bundle import BundleError, manifest, payload_files
+from deploy.push.ignore import IgnoreRules
 
 
 def ignored(rules: str, path: str, is_dir: bool = False) -> bool:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from deploy.sshconfig import Hop
-from deploy.inventory import (EnvValue, Host, InventoryError, load_inventory, parse_inventory,
+from deploy.inventory.sshconfig import Hop
+from deploy.inventory.load import (EnvValue, Host, InventoryError, load_inventory, parse_inventory,
                               workdir_problem)
 
 BAD = Path(__file__).with_name("bad_inventories")

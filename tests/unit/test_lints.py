@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deploy.inventory import parse_inventory
-from deploy.lints import lint
+from deploy.inventory.load import parse_inventory
+from deploy.plan.lints import lint
 
 REPO = Path(__file__).resolve().parents[2]
 

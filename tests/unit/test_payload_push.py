@@ -12,12 +12,12 @@ import pytest
 from rich.console import Console
 
 from counting import CountingTransport
-from deploy.inventory import parse_inventory
-from deploy.parallel import HostsFailed
-from deploy.planner import Options, plan_run
-from deploy.push import PayloadPush
-from deploy.session import Session
-from deploy.sshlogin import GcmFirstTransport
+from deploy.inventory.load import parse_inventory
+from deploy.ssh.parallel import HostsFailed
+from deploy.plan.planner import Options, plan_run
+from deploy.push.payload import PayloadPush
+from deploy.ssh.session import Session
+from deploy.ssh.login import GcmFirstTransport
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.inventory import load_inventory, parse_inventory
-from deploy.planner import (AGENT_FILE, PUSH_BOOTSTRAP, Options, cleanup_command, plan_run,
+from deploy.inventory.load import load_inventory, parse_inventory
+from deploy.plan.planner import (PUSH_BOOTSTRAP, Options, cleanup_command, plan_run,
                             poll_command, stop_command)
-from deploy.plantext import plan_document, plan_text
-from deploy.shell import quote
+from deploy.plan.text import plan_document, plan_text
+from deploy.plan.command import quote
 
 GOLDEN = Path(__file__).with_name("golden")
 REPO = Path(__file__).resolve().parents[2]
@@ -218,15 +218,16 @@ def test_commands_name_the_run_dir_and_agent():
     plan = plan_of("lab")
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
-    # One command per host: the bootstrap unpacks the stage, the agent answers and receives.
-    assert b.push.line == (f"~/venv/bin/python -S -c {quote(PUSH_BOOTSTRAP)} tfdeploy_agent "
+    # One command per host: the bootstrap unpacks the stage, the host package answers and
+    # receives.
+    assert b.push.line == (f"~/venv/bin/python -I -S -c {quote(PUSH_BOOTSTRAP)} push "
                            f"{b.run_dir} /scratch/tf/cache")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
     assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
-    # The port probe is deploy/hostcheck.py on stdin, as `inv check` asks it.
-    assert b.ports.line == "~/venv/bin/python - ports 5"
-    agent = f"~/venv/bin/python {b.run_dir}/{AGENT_FILE}"
+    # The port probe is deploy/host/check.py on stdin, as `inv check` asks it.
+    assert b.ports.line == "~/venv/bin/python -I - ports 5"
+    agent = f"~/venv/bin/python -I {b.run_dir}/tfdeploy-host.zip"
     launch = plan.tasks[2].launch.line
     assert launch.startswith(f"{agent} launch {b.run_dir} 2 "
                              f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")

@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from deploy.progress import TaskProgress, losses_agree, parse_event
+from deploy.state.progress import TaskProgress, losses_agree, parse_event
 
 
 def chunk(data: bytes, offset: int, size: int, **status) -> dict:

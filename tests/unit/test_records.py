@@ -12,8 +12,8 @@ import pytest
 
 from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
 
-from deploy.planner import Options, plan_run
-from deploy.records import (HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of,
+from deploy.plan.planner import Options, plan_run
+from deploy.state.record import (HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of,
                             list_records, load_record, plan_of, record_document, shown_state,
                             update_record, write_record)
 
@@ -130,7 +130,7 @@ def test_only_one_follower_holds_the_lock(tmp_path):
 def test_the_runs_table_shows_each_state(tmp_path):
     from rich.console import Console
 
-    from deploy.view import runs_table
+    from deploy.console.view import runs_table
     docs = []
     for n, (state, extra) in enumerate([("detached", {}), ("finished", {"exit_code": 3}),
                                         ("down", {"attempt": 2})]):
@@ -148,7 +148,7 @@ def test_the_runs_table_shows_each_state(tmp_path):
 def test_restarts_stop_when_used_up_or_when_a_stop_failed():
     from rich.console import Console
 
-    from deploy.restarts import Restarter
+    from deploy.run.restarts import Restarter
 
     class FakeRun:
         console = Console(file=open(os.devnull, "w"))

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from deploy.inventory import EnvValue, Inventory, parse_inventory
-from deploy.planner import Options, plan_run
-from deploy.shell import join, quote, quote_path, split_args
+from deploy.inventory.load import EnvValue, Inventory, parse_inventory
+from deploy.plan.planner import Options, plan_run
+from deploy.plan.command import join, quote, quote_path, split_args
 
 HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
            "line\nbreak", "trailing\n", "\n", "naïve ☃ 日本", "$HOME", "${HOME}", "*", "?",
@@ -139,7 +139,7 @@ def test_hostile_args_and_env_in_a_planned_launch(tmp_path):
     assert secret not in task.launch.line and "multi\nline" not in task.launch.line
     # The words before the tail are the agent's own and also come out as they should.
     head = task.launch.line.split(" -- ", 1)[0]
-    assert printf_words(head) == [b"/py", f"{HOME}/.tfdeploy/runs/r1/tfdeploy_agent.py".encode(),
+    assert printf_words(head) == [b"/py", b"-I", f"{HOME}/.tfdeploy/runs/r1/tfdeploy-host.zip".encode(),
                                   b"launch", f"{HOME}/.tfdeploy/runs/r1".encode(), b"0",
                                   f"{HOME}/.tfdeploy/runs/r1/payload".encode()]
     assert not os.path.exists(canary)

@@ -10,13 +10,14 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from deploy import hostkeys, sshconfig
-from deploy.inventory import InventoryError, load_inventory
-from deploy.lints import cluster_problems, endpoint_problems
-from deploy.planner import Options, plan_run
-from deploy.plantext import plan_text
-from deploy.records import hosts_of, load_record, plan_of, record_document, write_record
-from deploy.sshconfig import Hop, SshConfigError, parse_hops
+from deploy.ssh import hostkeys
+from deploy.inventory import sshconfig
+from deploy.inventory.load import InventoryError, load_inventory
+from deploy.plan.lints import cluster_problems, endpoint_problems
+from deploy.plan.planner import Options, plan_run
+from deploy.plan.text import plan_text
+from deploy.state.record import hosts_of, load_record, plan_of, record_document, write_record
+from deploy.inventory.sshconfig import Hop, SshConfigError, parse_hops
 
 CONFIG = """
 Host lab-a

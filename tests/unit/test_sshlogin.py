@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from deploy.sshlogin import GatewayPool, LoginFailed
+from deploy.ssh.login import GatewayPool, LoginFailed
 
 
 class FakeLogin:

@@ -1,0 +1,169 @@
+"""A run found again from its local record, by any shell: `inv runs`, `status`, `logs`, `down`.
+
+The inventory is not needed: the record holds every host's connection fields, run directory
+and ports (records.py). Following to the end goes through the same path as a fresh launch
+(runner.py), so a reattached run ends exactly like one that was never left.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from deploy.inventory.load import Inventory
+from deploy.state.record import (ACTIVE_STATES, FollowLock, RecordError, controller_alive, find_run, hosts_of,
+                      list_records, load_record, plan_of, shown_state, started_text)
+from deploy.run.finish import Finish, finish
+from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, follow_to_end, load_local_logs
+from deploy.ssh.session import Session
+from deploy.console.view import runs_table, say, status_table
+
+
+def list_runs(runs_dir: Path, console: Console) -> int:
+    records = list_records(runs_dir)
+    if not records:
+        say(console, f"no runs recorded in {runs_dir}")
+        return 0
+    console.print(runs_table(records, f"runs in {runs_dir} (newest last)"))
+    return 0
+
+
+def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console,
+          only_task: int | None = None, writes_logs: bool = False) -> tuple[dict, Run]:
+    """The run's record, and a Run connected to its hosts as the record describes them."""
+    local_dir = find_run(runs_dir, run_id)
+    doc = load_record(local_dir)
+    plan = plan_of(doc, str(local_dir / "record.json"))
+    if only_task is not None and only_task not in {t.index for t in plan.tasks}:
+        raise RecordError(f"run {doc['run_id']} has no task {only_task} "
+                          f"(tasks 0..{len(plan.tasks) - 1})")
+    inventory = Inventory(path=str(local_dir / "record.json"), hosts=hosts_of(doc))
+    session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+    return doc, Run(plan, session, local_dir, console, only_task=only_task,
+                    writes_logs=writes_logs)
+
+
+def status(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
+    """Every task's state as its host sees it now, with the last metrics."""
+    local_dir = find_run(runs_dir, run_id)
+    doc = load_record(local_dir)
+    title = f"run {doc['run_id']}: {_describe(doc)}"
+    if doc["state"] not in ACTIVE_STATES:
+        # Its run directories are gone from the hosts: the local copy is all there is.
+        plan = plan_of(doc, str(local_dir / "record.json"))
+        run = Run(plan, None, local_dir, console, writes_logs=False)
+        load_local_logs(run, None)
+        _apply_summary(run, local_dir)
+        console.print(status_table(run.tasks, title + " (from the local records)"))
+        return 0
+    doc, run = _open(runs_dir, doc["run_id"], settings, console)
+    try:
+        load_local_logs(run, None)
+        run.catch_up(print_lines=False)
+    finally:
+        run.close()
+    console.print(status_table(run.tasks, title))
+    return 0
+
+
+def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
+         settings: RunSettings, console: Console) -> int:
+    """The local copy, then what the hosts have beyond it; with `follow`, on to the end of
+    the run and its end-of-run work."""
+    local_dir = find_run(runs_dir, run_id)
+    doc = load_record(local_dir)
+    if doc["state"] not in ACTIVE_STATES:
+        _show_local(doc, local_dir, console, task)
+        say(console, f"run {doc['run_id']} has ended ({_describe(doc)}): the logs above "
+                     "are complete", "dim")
+        return 0
+    if follow and doc["state"] == "starting" and not controller_alive(doc):
+        # Its controller ended while launching: some tasks may never have started, and a
+        # follower would wait for them forever.
+        raise RecordError(f"run {doc['run_id']} was never fully started (its controller ended "
+                          f"during the launch): stop it with inv down --run {doc['run_id']}")
+    lock = FollowLock(local_dir)
+    if not lock.acquire() and not follow:
+        # The controller following the run keeps the local copy current: show that.
+        _show_local(doc, local_dir, console, task)
+        return 0
+    if lock.file is None:
+        raise RecordError(f"run {doc['run_id']} is being followed by another controller "
+                          f"(pid {doc.get('controller_pid')}); its logs are being written by it")
+    try:
+        doc, run = _open(runs_dir, doc["run_id"], settings, console, only_task=task,
+                           writes_logs=True)
+        how = Finish.DONE
+        try:
+            load_local_logs(run, run.show)
+            if not follow:
+                run.catch_up()
+                run.close()
+                return 0
+            run.set_state("running", controller_pid=os.getpid())
+            run.attempt = doc.get("attempt", 1)
+            run.interrupt_stops = False
+            follow_to_end(run, settings)
+        except KeyboardInterrupt:
+            # Ctrl-C here stops following, not the run: it was left running on purpose.
+            run.close()
+            run.set_state("detached", controller_pid=None)
+            say(console, f"stopped following; run {doc['run_id']} goes on. "
+                         f"Stop it with: inv down --run {doc['run_id']}", "yellow")
+            return EXIT_INTERRUPTED
+        return finish(run, how)
+    finally:
+        lock.release()
+
+
+def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
+    """Artifacts first, then TERM, KILL after the grace, a check of every host, cleanup."""
+    local_dir = find_run(runs_dir, run_id)
+    doc = load_record(local_dir)
+    if doc["state"] not in ACTIVE_STATES and not _teardown_problems(local_dir):
+        # Its end already stopped everything and checked every host; a second summary
+        # would only overwrite the real one.
+        say(console, f"run {doc['run_id']} has already ended ({_describe(doc)}): nothing to stop")
+        return 0
+    lock = FollowLock(local_dir)
+    # Another controller following the run keeps writing its logs; only without one do we.
+    mine = lock.acquire()
+    try:
+        doc, run = _open(runs_dir, local_dir.name, settings, console, writes_logs=mine)
+        if mine:
+            load_local_logs(run, None)
+        say(console, f"stopping run {doc['run_id']} ({_describe(doc)}) on "
+                     f"{len(run.plan.hosts)} host(s)…", "yellow")
+        return finish(run, Finish.DOWN)
+    finally:
+        lock.release()
+
+
+def _show_local(doc: dict, local_dir: Path, console: Console, task: int | None) -> None:
+    run = Run(plan_of(doc, str(local_dir / "record.json")), None, local_dir, console,
+              only_task=task, writes_logs=False)
+    load_local_logs(run, run.show)
+
+
+def _describe(doc: dict) -> str:
+    return f"{shown_state(doc)}, started {started_text(doc)}"
+
+
+def _summary(local_dir: Path) -> dict:
+    try:
+        return json.loads((local_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _teardown_problems(local_dir: Path) -> list:
+    return _summary(local_dir).get("teardown_problems", ["no summary"])
+
+
+def _apply_summary(run: Run, local_dir: Path) -> None:
+    """Exit codes of an ended run, from its summary.json (the hosts no longer know them)."""
+    summary = _summary(local_dir)
+    for task, row in zip(run.tasks, summary.get("tasks", [])):
+        task.state, task.code = row.get("state", task.state), row.get("exit_code")
