@@ -1,34 +1,38 @@
-"""Invoke tasks: parse flags, call deploy/, turn outcomes into exit codes. Nothing else."""
+"""Invoke tasks: parse flags, call deploy/, turn outcomes into exit codes. Nothing else.
+
+`inv` runs them in this checkout; the installed `tfdeploy` command is the same collection
+(main() below, an Invoke Program as Fabric's `fab` is), usable from any directory.
+"""
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 
-from invoke import Exit, task
+from invoke import Collection, Exit, Program, task
 from rich.console import Console
 from rich.text import Text
 
-from deploy.push.bundle import BundleError
-from deploy.run.check import ChecksFailed, check_hosts, report_view
-from deploy.run.setup import requirements_hash, setup as setup_envs
-from deploy.inventory.load import Inventory, InventoryError, load_inventory
-from deploy.run.launch import train as run_training
-from deploy.plan.lints import LintFailed, lint
-from deploy.ssh.parallel import HostsFailed
+from deploy.errors import BadInput, TfdeployError
+from deploy.inventory.builtin import chosen_inventory
+from deploy.inventory.model import Inventory
+from deploy.plan.command import split_args
+from deploy.plan.lints import refuse_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
-from deploy.run.reattach import down as stop_run, list_runs, logs as show_logs, status as show_status
-from deploy.state.record import RecordError
+from deploy.run.check import check_hosts, report_view
+from deploy.run.launch import train as run_training
+from deploy.run.reattach import down as stop_run
+from deploy.run.reattach import list_runs
+from deploy.run.reattach import logs as show_logs
+from deploy.run.reattach import status as show_status
 from deploy.run.run import RunSettings, new_run_id
-from deploy.ssh.session import StepFailed
-from deploy.plan.command import split_args
-from deploy.ssh.transport import TransportError
+from deploy.run.setup import requirements_hash
+from deploy.run.setup import setup as setup_envs
 
-EXPECTED_ERRORS = (InventoryError, LintFailed, BundleError, HostsFailed, StepFailed,
-                   TransportError, ChecksFailed, ValueError, RecordError)
-
-BAD_INPUT = (InventoryError, LintFailed, BundleError, ValueError)
+HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
+              "inventory: two workers on localhost)")
 
 SSH_HELP = {
     "connect_timeout": "seconds to wait for each SSH connection (default: 10; 0: no limit)",
@@ -43,9 +47,9 @@ def reported(console: Console):
     1 for a failure, 130 for Ctrl-C before a run had started (later ones the run handles)."""
     try:
         yield
-    except EXPECTED_ERRORS as exc:
+    except TfdeployError as exc:
         console.print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise Exit(code=2 if isinstance(exc, BAD_INPUT) else 1)
+        raise Exit(code=exc.exit_code)
     except KeyboardInterrupt:
         console.print("interrupted", style="yellow")
         raise Exit(code=130)
@@ -62,26 +66,31 @@ def seconds(flag: str, value: str) -> float:
     except ValueError:
         number = -1.0
     if not number >= 0:
-        raise ValueError(f"{flag} takes a number of seconds, not {value!r}")
+        raise BadInput(f"{flag} takes a number of seconds, not {value!r}")
     return number
 
 
 def count(flag: str, value: str) -> int:
     if not str(value).isdigit():
-        raise ValueError(f"{flag} takes a whole number, not {value!r}")
+        raise BadInput(f"{flag} takes a whole number, not {value!r}")
     return int(value)
 
 
-def linted_inventory(hosts: str, payload: str) -> Inventory:
-    inventory = load_inventory(hosts)
-    problems = lint(inventory, Path(payload))
-    if problems:
-        raise LintFailed("\n".join(problems))
-    return inventory
+def inventory(console: Console, hosts: str) -> Inventory:
+    chosen, note = chosen_inventory(hosts)
+    if note:
+        console.print(note, style="yellow")
+    return chosen
+
+
+def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
+    chosen = inventory(console, hosts)
+    refuse_problems(chosen, Path(payload))
+    return chosen
 
 
 @task(help={
-    "hosts": "inventory file (default: hosts.yaml, two workers on localhost)",
+    "hosts": HOSTS_HELP,
     "payload": "directory pushed to every host (default: payload/)",
     "entry": "script inside the payload that each task runs (default: train.py)",
     "args": "arguments for the script, split like a shell would, e.g. \"--epochs 5\"",
@@ -98,7 +107,7 @@ def linted_inventory(hosts: str, payload: str) -> Inventory:
     "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
                 "the chief's BackupAndRestore state, up to N times (default: 0)",
 })
-def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", dry_run=False,
+def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
           start_timeout="120", no_check=False, detach=False, restarts="0"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
@@ -108,17 +117,17 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
     """
     console = Console(highlight=False)
     with reported(console):
-        inventory = linted_inventory(hosts, payload)
+        chosen = linted_inventory(console, hosts, payload)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
                           grace=seconds("--grace", grace),
                           requirements_sha256=requirements_hash(Path(payload)),
                           backup=count("--restarts", restarts) > 0)
         if dry_run:
-            console.print(plan_text(plan_run(inventory, options, new_run_id())), markup=False,
+            console.print(plan_text(plan_run(chosen, options, new_run_id())), markup=False,
                           end="")
             return
         if detach and count("--restarts", restarts):
-            raise ValueError("--restarts needs the controller that relaunches the run: it "
+            raise BadInput("--restarts needs the controller that relaunches the run: it "
                              "cannot be combined with --detach")
         settings = RunSettings(runs_dir=Path(runs_dir),
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
@@ -126,16 +135,16 @@ def train(c, hosts="hosts.yaml", payload="payload", entry="train.py", args="", d
                                start_timeout=seconds("--start-timeout", start_timeout),
                                check=not no_check,
                                restarts=count("--restarts", restarts), detach=detach)
-        code = run_training(inventory, options, settings, console)
+        code = run_training(chosen, options, settings, console)
     exit_with(code)
 
 
 @task(help={
-    "hosts": "inventory file (default: hosts.yaml)",
+    "hosts": HOSTS_HELP,
     "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
     **SSH_HELP,
 })
-def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
+def check(c, hosts="", payload="payload", connect_timeout="10",
           accept_new_host_keys=False):
     """Check that every host is ready to train; writes nothing on any host.
 
@@ -146,23 +155,23 @@ def check(c, hosts="hosts.yaml", payload="payload", connect_timeout="10",
     """
     console = Console(highlight=False)
     with reported(console):
-        inventory = linted_inventory(hosts, payload)
+        chosen = linted_inventory(console, hosts, payload)
         timeout = seconds("--connect-timeout", connect_timeout)
-        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
-            report = check_hosts(inventory, timeout, accept_new_host_keys,
+        with console.status(f"checking {len(chosen.hosts)} host(s)…"):
+            report = check_hosts(chosen, timeout, accept_new_host_keys,
                                  requirements_hash(Path(payload)))
     console.print(report_view(report))
     exit_with(0 if report.ok else 1)
 
 
 @task(help={
-    "hosts": "inventory file (default: hosts.yaml)",
+    "hosts": HOSTS_HELP,
     "payload": "directory whose requirements.txt is installed (default: payload/)",
     "wheelhouse": "local directory of wheels, pushed and installed with pip --no-index "
                   "(for hosts without internet)",
     **SSH_HELP,
 })
-def setup(c, hosts="hosts.yaml", payload="payload", wheelhouse="", connect_timeout="10",
+def setup(c, hosts="", payload="payload", wheelhouse="", connect_timeout="10",
           accept_new_host_keys=False):
     """Build the payload's virtual environment on every host (reused when unchanged).
 
@@ -171,7 +180,7 @@ def setup(c, hosts="hosts.yaml", payload="payload", wheelhouse="", connect_timeo
     """
     console = Console(highlight=False)
     with reported(console):
-        code = setup_envs(load_inventory(hosts), Path(payload),
+        code = setup_envs(inventory(console, hosts), Path(payload),
                           Path(wheelhouse) if wheelhouse else None,
                           seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
                           console)
@@ -246,5 +255,11 @@ def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=
              connect_timeout, accept_new_host_keys)
 
 
+def main() -> None:
+    """The installed `tfdeploy` command: these tasks, from any directory."""
+    Program(name="tfdeploy", binary="tfdeploy", version=metadata.version("tfdeploy"),
+            namespace=Collection.from_module(sys.modules[__name__])).run()
+
+
 if __name__ == "__main__":
-    sys.exit("run tasks with: inv --list")
+    main()

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from bench_start import rerun_after_change
 from bench_train import REPO
 

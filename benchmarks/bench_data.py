@@ -27,14 +27,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_push import make_payload, size_options  # noqa: E402
-from sshlab import SshLab  # noqa: E402
 
-from deploy.push.data import DataPush  # noqa: E402
 from deploy.inventory.load import load_inventory  # noqa: E402
 from deploy.plan.planner import Options, plan_run  # noqa: E402
+from deploy.push.data import DataPush  # noqa: E402
 from deploy.push.payload import PayloadPush  # noqa: E402
 from deploy.run.run import new_run_id  # noqa: E402
 from deploy.ssh.session import Session  # noqa: E402
+from sshlab import SshLab  # noqa: E402
 
 HOSTS = 2
 FIRST_OCTET = 70     # away from the test lab's 127.0.0.2, .3, ... and bench_push's .60

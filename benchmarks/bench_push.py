@@ -33,13 +33,12 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-from sshlab import SshLab  # noqa: E402
-
 from deploy.inventory.load import load_inventory  # noqa: E402
 from deploy.plan.planner import Options, plan_run  # noqa: E402
 from deploy.push.payload import PayloadPush  # noqa: E402
 from deploy.run.run import new_run_id  # noqa: E402
 from deploy.ssh.session import Session  # noqa: E402
+from sshlab import SshLab  # noqa: E402
 
 HOSTS = 4
 FIRST_OCTET = 60     # away from the test lab's 127.0.0.2, .3, ...

@@ -20,7 +20,8 @@ import shutil
 import sys
 import tempfile
 
-from deploy.host.layout import INLINE as INLINE_DIR, MANIFEST, PAYLOAD
+from deploy.host.layout import INLINE as INLINE_DIR
+from deploy.host.layout import MANIFEST, PAYLOAD
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20

@@ -27,7 +27,8 @@ import tempfile
 
 from deploy.host import cache as cache_files
 from deploy.host.layout import DATA_MANIFEST as MANIFEST
-from deploy.host.layout import MANIFEST as PAYLOAD_MANIFEST, PAYLOAD
+from deploy.host.layout import MANIFEST as PAYLOAD_MANIFEST
+from deploy.host.layout import PAYLOAD
 
 
 def checked_manifest(rundir, datadir):

@@ -24,8 +24,7 @@ import subprocess
 import sys
 import time
 
-from deploy.host.layout import (BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE,
-                                 in_run)
+from deploy.host.layout import BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run
 from deploy.host.rundir import run_id_of, write_json_atomic
 
 MARKER = "tfdeploy-env.json"

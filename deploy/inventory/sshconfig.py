@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import paramiko
 
+from deploy.errors import BadInput
+
 DEFAULT_FILE = "~/.ssh/config"          # the inventory's default: USER_FILE, then SYSTEM_FILE
 USER_FILE = "~/.ssh/config"
 SYSTEM_FILE = "/etc/ssh/ssh_config"
@@ -29,7 +31,7 @@ HOP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@\s:/]+)@)?(?P<host>\[[0-9A-Fa-f:.]
 INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.*)$", re.IGNORECASE)
 
 
-class SshConfigError(ValueError):
+class SshConfigError(BadInput):
     """A problem in an ssh config file or a gateway spec; `field` is the inventory field."""
 
     def __init__(self, message: str, field: str):

@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.host.check
-
-from deploy.inventory.load import Host
-from deploy.plan.planner import SPARE_PORTS, assign_ports
+from deploy.inventory.model import Host
 from deploy.plan.command import join, quote, quote_path
+from deploy.plan.planner import SPARE_PORTS, assign_ports
 
 HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to

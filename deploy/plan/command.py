@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import shlex
 
+from deploy.errors import BadInput
+
 
 def quote(value: str) -> str:
     if "\0" in value:
-        raise ValueError("a NUL byte cannot be passed through a shell")
+        raise BadInput("a NUL byte cannot be passed through a shell")
     return shlex.quote(value)
 
 
@@ -30,8 +32,8 @@ def join(words: list[str]) -> str:
 
 
 def split_args(text: str) -> list[str]:
-    """The `--args` string as the user's shell would split it; ValueError when unbalanced."""
+    """The `--args` string as the user's shell would split it; BadInput when unbalanced."""
     try:
         return shlex.split(text)
     except ValueError as exc:
-        raise ValueError(f"cannot split --args {text!r}: {exc}") from None
+        raise BadInput(f"cannot split --args {text!r}: {exc}") from None

@@ -5,12 +5,13 @@ import ipaddress
 import re
 from pathlib import Path
 
-from deploy.inventory.load import Inventory
+from deploy.errors import BadInput
+from deploy.inventory.model import Inventory
 
 KERAS3_IMPORT = re.compile(r"^\s*(import\s+keras\b|from\s+keras(\.|\s+import)\b)", re.MULTILINE)
 
 
-class LintFailed(ValueError):
+class LintFailed(BadInput):
     pass
 
 
@@ -90,3 +91,10 @@ def lint(inventory: Inventory, payload: Path) -> list[str]:
     return (cluster_problems(inventory) + endpoint_problems(inventory)
             + payload_problems(payload, inventory.task_count))
 
+
+
+def refuse_problems(inventory: Inventory, payload: Path) -> None:
+    """LintFailed naming every problem of `inventory` with `payload`, before anything runs."""
+    problems = lint(inventory, payload)
+    if problems:
+        raise LintFailed("\n".join(problems))

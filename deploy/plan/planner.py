@@ -9,10 +9,13 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
+from deploy.host.layout import BACKUP, HOST_ZIP, OUTPUT, PAYLOAD
+from deploy.host.layout import cache_dir as workdir_cache
+from deploy.host.layout import env_dir as workdir_env
+from deploy.host.layout import in_run
+from deploy.host.layout import run_dir as workdir_run
 from deploy.inventory.datasource import host_data_dir
-from deploy.inventory.load import EnvValue, Host, Inventory
-from deploy.host.layout import (BACKUP, HOST_ZIP, OUTPUT, PAYLOAD, cache_dir as workdir_cache,
-                                 env_dir as workdir_env, in_run, run_dir as workdir_run)
+from deploy.inventory.model import EnvValue, Host, Inventory
 from deploy.plan.command import join, quote, quote_path
 
 # A push, run by the host's python as `-c` before the host package is there: read the stage
@@ -32,6 +35,14 @@ while len(s)<n:
 os.makedirs(d,exist_ok=True)
 tarfile.open(fileobj=io.BytesIO(s),mode="r:gz").extractall(d,**({"filter":"data"} if hasattr(tarfile,"data_filter") else {}))
 p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % HOST_ZIP
+
+
+def framed(stage: bytes) -> bytes:
+    """The stage as the push command reads it (planner.PUSH_BOOTSTRAP): its length on a line,
+    then the tar.gz, so that the files can follow on the same stdin."""
+    return b"%d\n" % len(stage) + stage
+
+
 # Ports probed beyond a host's own tasks, so that ports already given to another host that is
 # really the same machine can be skipped without asking again.
 SPARE_PORTS = 4

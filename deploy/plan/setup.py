@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deploy.inventory.load import Host, Inventory
-from deploy.plan.planner import RemoteCommand, cleanup_command, env_dir, host_agent, run_dir
-from deploy.plan.command import quote_path
 from deploy.host.layout import WHEELHOUSE
-
+from deploy.inventory.model import Host, Inventory
+from deploy.plan.command import quote_path
+from deploy.plan.planner import RemoteCommand, cleanup_command, env_dir, host_agent, run_dir
 
 
 @dataclass(frozen=True)

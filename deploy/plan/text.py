@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from deploy.inventory.load import Host
+from deploy.inventory.model import Host
 from deploy.plan.planner import HostPlan, RunPlan
 
 

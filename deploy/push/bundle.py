@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from deploy.push.hashcache import HashCache
+from deploy.errors import BadInput
 from deploy.host.cache import END, MAGIC
 from deploy.host.layout import HOST_ZIP, INLINE, MANIFEST, RUN_FILE
+from deploy.push.hashcache import HashCache
 from deploy.push.hostzip import host_zip
 from deploy.push.ignore import IgnoreRules
 
 
-class BundleError(ValueError):
+class BundleError(BadInput):
     pass
 
 
@@ -192,12 +193,6 @@ class SharedStreams:
             if key not in self._streams:
                 self._streams[key] = FileStream(root, files, set(wanted))
             return self._streams[key]
-
-
-def framed(stage: bytes) -> bytes:
-    """The stage as the push command reads it (planner.PUSH_BOOTSTRAP): its length on a line,
-    then the tar.gz, so that the files can follow on the same stdin."""
-    return b"%d\n" % len(stage) + stage
 
 
 def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -19,15 +19,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.push.bundle import BundleError, FileEntry, FileStream, SharedStreams, add_bytes, file_entry, \
-    manifest_document, payload_files
-from deploy.push.hashcache import HashCache
 from deploy.host.layout import DATA_MANIFEST, HOST_ZIP
-from deploy.inventory.load import Inventory, InventoryError
+from deploy.inventory.model import Inventory, InventoryError
 from deploy.plan.planner import HostPlan, RunPlan
+from deploy.push.bundle import (
+    BundleError, FileEntry, FileStream, SharedStreams, add_bytes, file_entry, manifest_document,
+    payload_files
+)
+from deploy.push.hashcache import HashCache
 from deploy.push.hostzip import host_zip
 from deploy.push.payload import size_text
 from deploy.ssh.session import Session
+
 
 @dataclass(frozen=True)
 class DataTree:

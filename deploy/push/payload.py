@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from deploy.plan.planner import RunPlan
 from deploy.push.bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
 from deploy.push.hashcache import HashCache
-from deploy.plan.planner import RunPlan
 from deploy.ssh.session import Session
 
 # Recently changed content sent along with the manifest, at most this much per push.

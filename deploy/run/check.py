@@ -13,21 +13,23 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from deploy.plan.checks import (HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assign_task_ports,
-                     judge_mesh, judge_probe, mesh_command, mesh_specs, probe_command, rows,
-                     version_problems)
-from deploy.inventory.load import Inventory
-from deploy.ssh.parallel import on_each
+from deploy.console.view import say
+from deploy.errors import Failure
+from deploy.inventory.model import Inventory
+from deploy.plan.checks import (
+    HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assign_task_ports, judge_mesh,
+    judge_probe, mesh_command, mesh_specs, probe_command, rows, version_problems
+)
 from deploy.plan.planner import env_python
+from deploy.ssh.parallel import on_each
 from deploy.ssh.session import Session, StepFailed, agent_json
 from deploy.ssh.transport import Transport, connect
-from deploy.console.view import say
 
 PROBE_TIMEOUT = 60.0
 
 
-class ChecksFailed(Exception):
-    pass
+class ChecksFailed(Failure):
+    """`inv train`'s checks found problems; nothing was started."""
 
 
 def run_checks(inventory: Inventory, transports: Mapping[str, Transport],

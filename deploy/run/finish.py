@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
+from deploy.console.view import say, summary_table
+from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
 from deploy.state.progress import losses_agree
 from deploy.state.record import write_json
-from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
-from deploy.console.view import say, summary_table
 
 
 class Finish:

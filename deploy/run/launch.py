@@ -13,18 +13,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.run.check import check_before_run
-from deploy.push.data import DataPush
-from deploy.inventory.load import Inventory
+from deploy.console.view import say
+from deploy.inventory.model import Inventory
 from deploy.plan.planner import Options, plan_run, ports_by_task
 from deploy.plan.text import plan_document
+from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
-from deploy.state.record import FollowLock, record_document, write_json, write_record
-from deploy.run.restarts import Restarter
+from deploy.run.check import check_before_run
 from deploy.run.finish import Finish, finish
+from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings, follow_to_end, new_run_id
 from deploy.ssh.session import Session
-from deploy.console.view import say
+from deploy.state.record import FollowLock, record_document, write_json, write_record
 
 
 def train(inventory: Inventory, options: Options, settings: RunSettings,

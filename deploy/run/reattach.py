@@ -12,13 +12,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.inventory.load import Inventory
-from deploy.state.record import (ACTIVE_STATES, FollowLock, RecordError, controller_alive, find_run, hosts_of,
-                      list_records, load_record, plan_of, shown_state, started_text)
+from deploy.console.view import runs_table, say, status_table
+from deploy.inventory.model import Inventory
 from deploy.run.finish import Finish, finish
 from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, follow_to_end, load_local_logs
 from deploy.ssh.session import Session
-from deploy.console.view import runs_table, say, status_table
+from deploy.state.record import (
+    ACTIVE_STATES, FollowLock, RecordError, controller_alive, find_run, hosts_of, list_records,
+    load_record, plan_of, shown_state, started_text
+)
 
 
 def list_runs(runs_dir: Path, console: Console) -> int:

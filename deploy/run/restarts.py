@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from deploy.inventory.load import Inventory
-from deploy.plan.planner import Options, plan_run
-from deploy.state.record import record_document, load_record, write_record
 from deploy.console.view import say
+from deploy.inventory.model import Inventory
+from deploy.plan.planner import Options, plan_run
+from deploy.state.record import load_record, record_document, write_record
 
 
 class Restarter:

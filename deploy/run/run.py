@@ -15,12 +15,12 @@ from typing import Callable
 
 from rich.console import Console
 
-from deploy.run.follow import Followers
+from deploy.console.view import LiveView, failure_panel, print_lines, say
 from deploy.plan.planner import RunPlan
+from deploy.run.follow import Followers
+from deploy.ssh.session import Session, StepFailed
 from deploy.state.progress import TaskProgress
 from deploy.state.record import update_record
-from deploy.ssh.session import Session, StepFailed
-from deploy.console.view import LiveView, failure_panel, print_lines, say
 
 EXIT_INTERRUPTED = 130
 # Seconds beyond the grace period to wait for a follower's answer to a stop before stopping

@@ -19,16 +19,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from deploy.console.view import say
 from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
+from deploy.inventory.model import Inventory
+from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
 from deploy.push.hostzip import host_zip
-from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
-from deploy.inventory.load import Inventory
-from deploy.ssh.parallel import on_all, on_each
 from deploy.run.run import new_run_id
+from deploy.ssh.parallel import on_all, on_each
 from deploy.ssh.session import Session, agent_json, checked
 from deploy.ssh.transport import LineStream
-from deploy.console.view import say
 
 VERSION_COLUMNS = ("python", "tensorflow", "tf_keras", "numpy")
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import paramiko
 
+from deploy.errors import Failure
+
 
 def fingerprint(key: paramiko.PKey) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
@@ -22,7 +24,7 @@ def _address(name: str) -> str:
     return name
 
 
-class HostKeyRefused(Exception):
+class HostKeyRefused(Failure):
     pass
 
 

@@ -17,11 +17,13 @@ import threading
 from dataclasses import dataclass, field
 
 import paramiko
-from fabric import Config as FabricConfig, Connection
+from fabric import Config as FabricConfig
+from fabric import Connection
 
-from deploy.ssh import hostkeys
-from deploy.inventory.load import Host
+from deploy.errors import Failure
+from deploy.inventory.model import Host
 from deploy.inventory.sshconfig import Hop
+from deploy.ssh import hostkeys
 
 
 class GcmFirstTransport(paramiko.Transport):
@@ -34,7 +36,7 @@ class GcmFirstTransport(paramiko.Transport):
         *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c))
 
 
-class LoginFailed(Exception):
+class LoginFailed(Failure):
     """A login or a channel failed; the message names the hop (and the host, for its own)."""
 
 

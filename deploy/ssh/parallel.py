@@ -4,11 +4,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, TypeVar
 
+from deploy.errors import Failure
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-class HostsFailed(Exception):
+class HostsFailed(Failure):
     """One step failed on some hosts; the message says what happened where."""
 
     def __init__(self, step: str, errors: dict[str, BaseException]):

@@ -11,18 +11,19 @@ import tarfile
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from deploy.push.bundle import framed
+from deploy.errors import Failure
+from deploy.inventory.model import Host, Inventory
 from deploy.plan.checks import HOSTCHECK_SOURCE
-from deploy.inventory.load import Host, Inventory
+from deploy.plan.planner import (
+    HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command, fetch_output_command,
+    framed, poll_command, ports_by_task, replace_backup_command, stop_command
+)
 from deploy.ssh.parallel import HostsFailed, on_all, on_each
-from deploy.plan.planner import (HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command,
-                      fetch_output_command, poll_command, ports_by_task, replace_backup_command,
-                      stop_command)
 from deploy.ssh.transport import CommandResult, Exchange, Transport, connect
 
 
-class StepFailed(Exception):
-    pass
+class StepFailed(Failure):
+    """A step on a host answered with an error, or not as it must."""
 
 
 def checked(result: CommandResult, host: Host, step: str) -> CommandResult:

@@ -17,7 +17,8 @@ from typing import Iterable, Protocol, Union
 
 import paramiko
 
-from deploy.inventory.load import Host
+from deploy.errors import Failure
+from deploy.inventory.model import Host
 from deploy.ssh.login import HostLogin, LoginFailed
 
 # What a command reads on stdin: bytes, or pieces of bytes sent in order as they come (a
@@ -40,7 +41,7 @@ class CommandResult:
         return text.splitlines()[-1] if text else f"exit code {self.code}"
 
 
-class TransportError(Exception):
+class TransportError(Failure):
     """The host could not be reached or the command could not be run at all."""
 
 

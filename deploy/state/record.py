@@ -17,8 +17,9 @@ import os
 import time
 from pathlib import Path
 
+from deploy.errors import BadInput
 from deploy.inventory.datasource import DataSource
-from deploy.inventory.load import Host, Inventory
+from deploy.inventory.model import Host, Inventory
 from deploy.inventory.sshconfig import Hop
 from deploy.plan.planner import Options, RunPlan, plan_run
 
@@ -33,7 +34,7 @@ HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", 
 ACTIVE_STATES = ("starting", "running", "detached")
 
 
-class RecordError(ValueError):
+class RecordError(BadInput):
     pass
 
 

@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
-from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from deploy.inventory.load import EnvValue, Inventory, load_inventory, workdir_problem
+from deploy.inventory.load import load_inventory, workdir_problem
+from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import Options, plan_run
 from deploy.push.payload import PayloadPush
 from deploy.run.run import new_run_id

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from procs import processes_of_run, wait_until_gone
 import test_train
-from test_train import (REPO, assert_nothing_left, crash_payload, interrupt,
-                        wait_for_first_epoch)
+from procs import processes_of_run, wait_until_gone
+from test_train import REPO, assert_nothing_left, crash_payload, interrupt, wait_for_first_epoch
 
 pytestmark = pytest.mark.integration
 

@@ -23,16 +23,15 @@ from pathlib import Path
 import pytest
 
 import hostpkg
-from procs import processes_of_run, wait_until_gone
-
 from deploy.host import env as hostenv
-from deploy.push.bundle import framed
+from deploy.inventory.load import parse_inventory
+from deploy.inventory.model import EnvValue, Inventory
+from deploy.plan.planner import (
+    Options, cleanup_command, fetch_output_command, framed, plan_run, poll_command, stop_command
+)
 from deploy.push.payload import PayloadPush
-from deploy.inventory.load import EnvValue, Inventory, parse_inventory
-from deploy.plan.planner import (Options, cleanup_command, fetch_output_command, plan_run,
-                            poll_command, stop_command)
 from deploy.ssh.transport import LocalTransport
-
+from procs import processes_of_run, wait_until_gone
 
 
 def kill_run(run_id: str) -> None:

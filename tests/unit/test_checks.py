@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from deploy.plan.checks import (HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck,
-                           assign_task_ports, judge_mesh, judge_probe, mesh_command,
-                           mesh_pairs, mesh_specs, probe_command, rows, version_problems)
 from deploy.inventory.load import parse_inventory
+from deploy.plan.checks import (
+    HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports, judge_mesh,
+    judge_probe, mesh_command, mesh_pairs, mesh_specs, probe_command, rows, version_problems
+)
 from deploy.plan.lints import lint
 from deploy.plan.planner import Options, assign_ports, plan_run, ports_by_task
 

@@ -9,8 +9,8 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,18 +18,19 @@ from rich.console import Console
 
 import hostpkg
 from counting import CountingTransport
-from deploy.push import hashcache
 from deploy.host import check as hostcheck
-from deploy.plan.checks import HostCheck, judge_probe, probe_command
-from deploy.push.data import DataPush, DataTree
 from deploy.inventory.datasource import DataSource, host_data_dir
-from deploy.push.hashcache import HashCache
-from deploy.inventory.load import InventoryError, parse_inventory
+from deploy.inventory.load import parse_inventory
+from deploy.inventory.model import InventoryError
+from deploy.plan.checks import HostCheck, judge_probe, probe_command
+from deploy.plan.command import quote
 from deploy.plan.planner import PUSH_BOOTSTRAP, Options, plan_run
 from deploy.plan.text import plan_document, plan_text
-from deploy.state.record import load_record, plan_of, record_document, write_record
+from deploy.push import hashcache
+from deploy.push.data import DataPush, DataTree
+from deploy.push.hashcache import HashCache
 from deploy.ssh.session import Session
-from deploy.plan.command import quote
+from deploy.state.record import load_record, plan_of, record_document, write_record
 
 RUN_ID = "20260101-000000-abcdef"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from deploy.host import env as hostenv
-from deploy.plan.setup import plan_setup
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, env_dir, env_python, plan_run
+from deploy.plan.setup import plan_setup
 from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"

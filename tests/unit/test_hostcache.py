@@ -8,7 +8,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 import hostpkg
 from deploy.host import cache as hostcache
 from deploy.push.bundle import FileStream, manifest, manifest_document
-
 
 
 @pytest.fixture

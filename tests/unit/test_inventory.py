@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from deploy.inventory.load import load_inventory, parse_inventory, workdir_problem
+from deploy.inventory.model import EnvValue, Host, InventoryError
 from deploy.inventory.sshconfig import Hop
-from deploy.inventory.load import (EnvValue, Host, InventoryError, load_inventory, parse_inventory,
-                              workdir_problem)
 
 BAD = Path(__file__).with_name("bad_inventories")
 REPO = Path(__file__).resolve().parents[2]

@@ -13,11 +13,11 @@ from rich.console import Console
 
 from counting import CountingTransport
 from deploy.inventory.load import parse_inventory
-from deploy.ssh.parallel import HostsFailed
 from deploy.plan.planner import Options, plan_run
 from deploy.push.payload import PayloadPush
-from deploy.ssh.session import Session
 from deploy.ssh.login import GcmFirstTransport
+from deploy.ssh.parallel import HostsFailed
+from deploy.ssh.session import Session
 
 
 @pytest.fixture

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from deploy.inventory.load import load_inventory, parse_inventory
-from deploy.plan.planner import (PUSH_BOOTSTRAP, Options, cleanup_command, plan_run,
-                            poll_command, stop_command)
-from deploy.plan.text import plan_document, plan_text
 from deploy.plan.command import quote
+from deploy.plan.planner import (
+    PUSH_BOOTSTRAP, Options, cleanup_command, plan_run, poll_command, stop_command
+)
+from deploy.plan.text import plan_document, plan_text
 
 GOLDEN = Path(__file__).with_name("golden")
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,8 @@ import base64
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deploy.state.progress import TaskProgress, losses_agree, parse_event
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
-
 from deploy.plan.planner import Options, plan_run
-from deploy.state.record import (HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of,
-                            list_records, load_record, plan_of, record_document, shown_state,
-                            update_record, write_record)
+from deploy.state.record import (
+    HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of, list_records,
+    load_record, plan_of, record_document, shown_state, update_record, write_record
+)
+from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
 
 PORTS = {0: 20000, 1: 20001, 2: 30000}
 PLAIN = "/data/set one"

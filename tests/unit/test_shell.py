@@ -7,11 +7,13 @@ import os
 import subprocess
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from deploy.inventory.load import EnvValue, Inventory, parse_inventory
-from deploy.plan.planner import Options, plan_run
+from deploy.inventory.load import parse_inventory
+from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.command import join, quote, quote_path, split_args
+from deploy.plan.planner import Options, plan_run
 
 HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
            "line\nbreak", "trailing\n", "\n", "naïve ☃ 日本", "$HOME", "${HOME}", "*", "?",

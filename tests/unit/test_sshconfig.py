@@ -10,14 +10,15 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from deploy.ssh import hostkeys
 from deploy.inventory import sshconfig
-from deploy.inventory.load import InventoryError, load_inventory
+from deploy.inventory.load import load_inventory
+from deploy.inventory.model import InventoryError
+from deploy.inventory.sshconfig import Hop, SshConfigError, parse_hops
 from deploy.plan.lints import cluster_problems, endpoint_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
+from deploy.ssh import hostkeys
 from deploy.state.record import hosts_of, load_record, plan_of, record_document, write_record
-from deploy.inventory.sshconfig import Hop, SshConfigError, parse_hops
 
 CONFIG = """
 Host lab-a
