@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deploy.inventory.load import parse_inventory
+from deploy.errors import BadInput
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.command import join, quote, quote_path, split_args
 from deploy.plan.planner import Options, plan_run
@@ -59,9 +60,9 @@ def test_quoted_words_stay_separate_words(words):
 
 def test_nul_is_refused():
     for value in ("a\0b", "\0", "end\0"):
-        with pytest.raises(ValueError, match="NUL"):
+        with pytest.raises(BadInput, match="NUL"):
             quote(value)
-    with pytest.raises(ValueError, match="NUL"):
+    with pytest.raises(BadInput, match="NUL"):
         quote_path("~/a\0b")
 
 
@@ -88,7 +89,7 @@ def test_split_args_like_a_shell_and_refuses_unbalanced_quotes():
     assert split_args("") == [] and split_args("   ") == []
     assert split_args("--note '$(id)'") == ["--note", "$(id)"]
     for bad in ("--name 'open", '--name "open', "trailing\\"):
-        with pytest.raises(ValueError, match="cannot split --args"):
+        with pytest.raises(BadInput, match="cannot split --args"):
             split_args(bad)
 
 
