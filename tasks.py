@@ -27,9 +27,10 @@ from deploy.run.reattach import down as stop_run
 from deploy.run.reattach import list_runs
 from deploy.run.reattach import logs as show_logs
 from deploy.run.reattach import status as show_status
-from deploy.run.run import RunSettings, new_run_id
+from deploy.run.run import RunSettings
 from deploy.run.setup import requirements_hash
 from deploy.run.setup import setup as setup_envs
+from deploy.state.record import new_run_id
 
 HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
               "inventory: two workers on localhost)")

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deploy.state.progress import TaskProgress, losses_agree
-from deploy.state.record import shown_state, started_text
+from deploy.state.record import RunRecord, RunState
 
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
            "bright_magenta", "bright_green", "bright_yellow")
@@ -101,24 +101,25 @@ def failure_panel(task: TaskProgress, reason: str) -> Panel:
                  border_style="red", title_align="left")
 
 
-RUN_STATE_STYLES = {"running": "yellow", "detached": "cyan", "starting": "yellow",
-                    "finished": "green", "interrupted": "magenta", "down": "dim"}
+RUN_STATE_STYLES = {RunState.RUNNING: "yellow", RunState.DETACHED: "cyan",
+                    RunState.STARTING: "yellow", RunState.FINISHED: "green",
+                    RunState.INTERRUPTED: "magenta", RunState.DOWN: "dim"}
 
 
-def runs_table(records: list[dict], title: str) -> Table:
-    """One row per local run record (records.py)."""
+def runs_table(records: list[RunRecord], title: str) -> Table:
+    """One row per local run record (deploy/state/record.py)."""
     table = Table(title=title, title_justify="left")
     for column in ("run", "started", "hosts", "tasks", "state"):
         # Ids and times are what a user copies: never wrapped or cut.
         table.add_column(column, no_wrap=column in ("run", "started", "state"))
-    for doc in records:
-        state = shown_state(doc)
-        style = RUN_STATE_STYLES.get(doc.get("state"), "")
-        if doc.get("state") == "finished" and doc.get("exit_code") != 0:
+    for record in records:
+        state = record.shown_state()
+        style = RUN_STATE_STYLES[record.state]
+        if record.state is RunState.FINISHED and record.exit_code != 0:
             style = "bold red"
-        if doc.get("attempt", 1) > 1:
-            state += f", attempt {doc['attempt']}"
-        table.add_row(doc["run_id"], started_text(doc),
-                      ", ".join(h["name"] for h in doc.get("hosts", [])),
-                      str(len(doc.get("tasks", []))), Text(state, style=style))
+        if record.attempt > 1:
+            state += f", attempt {record.attempt}"
+        table.add_row(record.run_id, record.started_text(),
+                      ", ".join(h.name for h in record.hosts),
+                      str(len(record.tasks)), Text(state, style=style))
     return table

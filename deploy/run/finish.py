@@ -9,7 +9,7 @@ import time
 from deploy.console.view import say, summary_table
 from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
 from deploy.state.progress import losses_agree
-from deploy.state.record import write_json
+from deploy.state.record import RunState, write_json
 
 
 class Finish:
@@ -46,7 +46,8 @@ def finish(run: Run, how: str) -> int:
     code = _exit_code(run, how, problems)
     console.print(summary_table(run.tasks))
     write_json(local_dir / "summary.json", _summary(run, artifacts, problems, code, how))
-    state = {Finish.DONE: "finished", Finish.INTERRUPTED: "interrupted", Finish.DOWN: "down"}[how]
+    state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
+             Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
         run.set_state(state, exit_code=code, ended=time.time())
     for problem in problems:

@@ -22,9 +22,11 @@ from deploy.push.payload import PayloadPush
 from deploy.run.check import check_before_run
 from deploy.run.finish import Finish, finish
 from deploy.run.restarts import Restarter
-from deploy.run.run import Run, RunSettings, follow_to_end, new_run_id
+from deploy.run.run import Run, RunSettings, follow_to_end
 from deploy.ssh.session import Session
-from deploy.state.record import FollowLock, record_document, write_json, write_record
+from deploy.state.record import (
+    FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
+)
 
 
 def train(inventory: Inventory, options: Options, settings: RunSettings,
@@ -56,8 +58,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     started = time.time()
     # Written before anything reaches a host: a controller lost from here on leaves a record
     # from which `inv down` finds the run.
-    write_record(local_dir, record_document(skeleton, "starting", started,
-                                            restarts=settings.restarts))
+    write_record(local_dir, RunRecord.of(skeleton, RunState.STARTING, started,
+                                         restarts=settings.restarts))
     run = Run(skeleton, session, local_dir, console)
     # This controller writes the local logs; another one (inv logs --follow) must not too.
     lock = FollowLock(local_dir)
@@ -73,8 +75,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
                      else session.free_ports(skeleton))
             run.plan = plan_run(inventory, options, run_id, ports)
         write_json(local_dir / "plan.json", plan_document(run.plan))
-        write_record(local_dir, record_document(
-            run.plan, "starting", started, restarts=settings.restarts, attempt=1))
+        write_record(local_dir, RunRecord.of(run.plan, RunState.STARTING, started,
+                                             restarts=settings.restarts))
         with console.status(f"starting {count} task(s)…"):
             session.launch(run.plan)
         console.print(f"started {count} task(s) in {time.time() - started:.1f} s; "
@@ -82,7 +84,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         if settings.detach and _all_running(run):
             detached = True
             return _detach(run, settings)
-        run.set_state("running", controller_pid=os.getpid())
+        run.set_state(RunState.RUNNING, controller_pid=os.getpid())
         restarter = Restarter(inventory, options, settings.restarts) if settings.restarts else None
         follow_to_end(run, settings, restarter)
     except KeyboardInterrupt:
@@ -106,7 +108,7 @@ def _all_running(run: Run) -> bool:
 
 
 def _detach(run: Run, settings: RunSettings) -> int:
-    run.set_state("detached", controller_pid=None)
+    run.set_state(RunState.DETACHED, controller_pid=None)
     run.close()
     rid, runs = run.plan.run_id, settings.runs_dir
     flag = "" if runs == Path("runs") else f" --runs-dir {runs}"

@@ -7,12 +7,13 @@ BackupAndRestore state to every other host (bare machines share no disk), choose
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from deploy.console.view import say
 from deploy.inventory.model import Inventory
 from deploy.plan.planner import Options, plan_run
-from deploy.state.record import load_record, record_document, write_record
+from deploy.state.record import load_record, write_record
 
 
 class Restarter:
@@ -48,9 +49,8 @@ class Restarter:
             size = session.carry_backup(run.plan)
             ports = session.free_ports(run.plan)
         run.plan = plan_run(self.inventory, self.options, run.plan.run_id, ports)
-        doc = load_record(run.dir)
-        write_record(run.dir, {**doc, **record_document(run.plan, doc["state"], doc["started"]),
-                               "attempt": run.attempt, "restarts": self.limit})
+        write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),
+                                                  attempt=run.attempt, restarts=self.limit))
         for t in run.tasks:
             t.new_attempt()
         run.failure = None

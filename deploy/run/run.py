@@ -5,7 +5,6 @@ same way.
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import signal
 import threading
 import time
@@ -20,7 +19,7 @@ from deploy.plan.planner import RunPlan
 from deploy.run.follow import Followers
 from deploy.ssh.session import Session, StepFailed
 from deploy.state.progress import TaskProgress
-from deploy.state.record import update_record
+from deploy.state.record import RunState, update_record
 
 EXIT_INTERRUPTED = 130
 # Seconds beyond the grace period to wait for a follower's answer to a stop before stopping
@@ -40,10 +39,6 @@ class RunSettings:
     detach: bool = False
     # Probe every host and the TCP mesh before anything is written anywhere (checkrun.py).
     check: bool = True
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
 class Run:
@@ -68,7 +63,7 @@ class Run:
         self.stop_pending: dict[str, float] = {}    # host -> when a fast stop was asked
         self.stopped_clean = False                  # every host answered: nothing survived
 
-    def set_state(self, state: str, **fields) -> None:
+    def set_state(self, state: RunState, **fields) -> None:
         update_record(self.dir, state=state, **fields)
 
     def show(self, task: TaskProgress, lines: list[str], view: LiveView | None = None) -> None:

@@ -25,10 +25,10 @@ from deploy.inventory.model import Inventory
 from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
 from deploy.push.hostzip import host_zip
-from deploy.run.run import new_run_id
 from deploy.ssh.parallel import on_all, on_each
 from deploy.ssh.session import Session, agent_json, checked
 from deploy.ssh.transport import LineStream
+from deploy.state.record import new_run_id
 
 VERSION_COLUMNS = ("python", "tensorflow", "tf_keras", "numpy")
 

@@ -10,8 +10,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-
 from netns import NetnsHost, NetnsUnavailable
+
 from sshlab import SshLab, unreachable_entry
 
 pytestmark = pytest.mark.integration

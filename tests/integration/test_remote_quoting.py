@@ -21,9 +21,9 @@ from deploy.inventory.load import load_inventory, workdir_problem
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import Options, plan_run
 from deploy.push.payload import PayloadPush
-from deploy.run.run import new_run_id
 from deploy.ssh.session import Session
 from deploy.ssh.transport import connect
+from deploy.state.record import new_run_id
 
 pytestmark = pytest.mark.integration
 

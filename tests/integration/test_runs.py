@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 import test_train
-from procs import processes_of_run, wait_until_gone
 from test_train import REPO, assert_nothing_left, crash_payload, interrupt, wait_for_first_epoch
+
+from procs import processes_of_run, wait_until_gone
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from netlan import GatewayLan
 from netns import NetnsUnavailable
+
 from procs import wait_until_gone
 from sshlab import SshLab
 

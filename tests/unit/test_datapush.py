@@ -30,7 +30,7 @@ from deploy.push import hashcache
 from deploy.push.data import DataPush, DataTree
 from deploy.push.hashcache import HashCache
 from deploy.ssh.session import Session
-from deploy.state.record import load_record, plan_of, record_document, write_record
+from deploy.state.record import RunRecord, RunState, load_record, write_record
 
 RUN_ID = "20260101-000000-abcdef"
 
@@ -168,8 +168,8 @@ def test_the_record_replans_the_same_data_dirs(lab, tmp_path):
                     {i: 20000 + i for i in range(5)})
     run_dir = tmp_path / "runs" / RUN_ID
     run_dir.mkdir(parents=True)
-    write_record(run_dir, record_document(plan, "detached", 1.0))
-    again = plan_of(load_record(run_dir))
+    write_record(run_dir, RunRecord.of(plan, RunState.DETACHED, 1.0))
+    again = load_record(run_dir).plan()
     assert [hp.host for hp in again.hosts] == [hp.host for hp in plan.hosts]
     assert [hp.data_dir for hp in again.hosts] == [hp.data_dir for hp in plan.hosts]
     for mine, theirs in zip(again.tasks, plan.tasks):
@@ -179,10 +179,11 @@ def test_the_record_replans_the_same_data_dirs(lab, tmp_path):
 
 def test_a_record_from_before_data_replans_without_it(lab, tmp_path):
     plan = plan_run(DataPush(lab).resolved(lab), Options(), RUN_ID, {i: 20000 + i for i in range(5)})
-    doc = json.loads(json.dumps(record_document(plan, "detached", 1.0)))
+    doc = json.loads(json.dumps(RunRecord.of(plan, RunState.DETACHED, 1.0).document()))
     for host in doc["hosts"]:
         del host["data"]
-    assert all("TFDEPLOY_DATA_DIR" not in t.env for t in plan_of(doc).tasks)
+    old = RunRecord.from_document(doc, "old record")
+    assert all("TFDEPLOY_DATA_DIR" not in t.env for t in old.plan().tasks)
 
 
 # -- the host side, as a host runs it ----------------------------------------------------------

@@ -2,6 +2,7 @@
 finding a run by id, prefix or age, and the one-follower lock."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,8 +13,8 @@ import pytest
 
 from deploy.plan.planner import Options, plan_run
 from deploy.state.record import (
-    HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, find_run, hosts_of, list_records,
-    load_record, plan_of, record_document, shown_state, update_record, write_record
+    HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records,
+    load_record, update_record, write_record
 )
 from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
 
@@ -27,16 +28,24 @@ def lab_plan(run_id="20260101-000000-abcdef", ports=PORTS):
                                                  grace=1.5), run_id, ports)
 
 
-def recorded(tmp_path, plan, state="detached", started=None):
+def recorded(tmp_path, plan, state=RunState.DETACHED, started=None):
     run_dir = tmp_path / plan.run_id
     run_dir.mkdir(parents=True)
-    write_record(run_dir, record_document(plan, state, started or time.time()))
+    write_record(run_dir, RunRecord.of(plan, state, started or time.time()))
     return run_dir
+
+
+def document(run_dir):
+    return json.loads((run_dir / RECORD_FILE).read_text())
+
+
+def rewrite(run_dir, doc):
+    (run_dir / RECORD_FILE).write_text(json.dumps(doc))
 
 
 def test_a_record_gives_back_the_same_plan(tmp_path):
     plan = lab_plan()
-    again = plan_of(load_record(recorded(tmp_path, plan)))
+    again = load_record(recorded(tmp_path, plan)).plan()
     assert again.run_id == plan.run_id and again.options == plan.options
     assert [h.run_dir for h in again.hosts] == [h.run_dir for h in plan.hosts]
     assert [h.host for h in again.hosts] == [
@@ -59,8 +68,9 @@ def test_no_environment_value_is_stored(tmp_path):
 
 
 def test_connection_fields_survive(tmp_path):
-    doc = load_record(recorded(tmp_path, lab_plan()))
-    a, b = hosts_of(doc)
+    run_dir = recorded(tmp_path, lab_plan())
+    a, b = load_record(run_dir).hosts
+    doc = document(run_dir)
     assert (a.user, a.python, a.workers, a.cluster_address, a.env) == (
         "researcher", "~/venv/bin/python", 2, "10.1.2.3", {})
     assert (b.address, b.port, b.workdir, b.user) == ("10.1.2.4", 2222, "/scratch/tf",
@@ -72,30 +82,57 @@ def test_connection_fields_survive(tmp_path):
 
 def test_a_record_edited_out_of_shape_is_refused(tmp_path):
     run_dir = recorded(tmp_path, lab_plan())
-    doc = load_record(run_dir)
+    doc = document(run_dir)
     doc["tasks"][2]["endpoint"] = "10.9.9.9:1"
-    write_record(run_dir, doc)
+    rewrite(run_dir, doc)
     with pytest.raises(RecordError, match="do not match"):
-        plan_of(load_record(run_dir))
+        load_record(run_dir).plan()
     (run_dir / RECORD_FILE).write_text("{not json")
     with pytest.raises(RecordError, match="unreadable run record"):
         load_record(run_dir)
 
 
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(state="sleeping"), "unknown state 'sleeping'"),
+    (lambda d: d.update(run_id="../../etc"), "is not a run id"),
+    (lambda d: d.pop("tasks"), "field 'tasks' is missing"),
+    (lambda d: d.update(started="yesterday"), "'started' must be a number"),
+    (lambda d: d["tasks"][0].update(colour="red"), "unexpected keyword argument 'colour'"),
+    (lambda d: d.update(hosts=[]), "'hosts' must be a non-empty list"),
+    (lambda d: d.update(version=7), "not a tfdeploy run record of version 1"),
+    (lambda d: d.clear(), "not a tfdeploy run record of version 1"),
+])
+def test_a_damaged_or_foreign_record_is_refused_naming_the_file(tmp_path, change, message):
+    run_dir = recorded(tmp_path, lab_plan())
+    doc = document(run_dir)
+    change(doc)
+    rewrite(run_dir, doc)
+    with pytest.raises(RecordError, match=message) as refused:
+        load_record(run_dir)
+    assert str(refused.value).startswith(str(run_dir / RECORD_FILE))
+
+
+def test_a_record_reads_back_as_written(tmp_path):
+    run_dir = recorded(tmp_path, lab_plan(), state=RunState.RUNNING, started=123.5)
+    record = load_record(run_dir)
+    assert record == RunRecord.from_document(record.document(), "again")
+    assert (record.state, record.started, record.attempt) == (RunState.RUNNING, 123.5, 1)
+
+
 def test_write_is_atomic_and_update_keeps_other_fields(tmp_path):
     run_dir = recorded(tmp_path, lab_plan())
-    update_record(run_dir, state="finished", exit_code=3)
-    doc = load_record(run_dir)
-    assert (doc["state"], doc["exit_code"], len(doc["tasks"])) == ("finished", 3, 3)
+    update_record(run_dir, state=RunState.FINISHED, exit_code=3)
+    record = load_record(run_dir)
+    assert (record.state, record.exit_code, len(record.tasks)) == (RunState.FINISHED, 3, 3)
     assert sorted(p.name for p in run_dir.iterdir()) == [RECORD_FILE]   # no temp file left
-    assert shown_state(doc) == "finished (exit 3)"
+    assert record.shown_state() == "finished (exit 3)"
 
 
 def test_find_run_by_id_prefix_or_newest(tmp_path):
     old = recorded(tmp_path, lab_plan("20260101-000000-aaaaaa"), started=100.0)
     new = recorded(tmp_path, lab_plan("20260102-000000-bbbbbb"), started=200.0)
     (tmp_path / "not-a-run").mkdir()
-    assert [d["run_id"] for d in list_records(tmp_path)] == [old.name, new.name]
+    assert [r.run_id for r in list_records(tmp_path)] == [old.name, new.name]
     assert find_run(tmp_path, None) == new
     assert find_run(tmp_path, old.name) == old
     assert find_run(tmp_path, "20260101") == old
@@ -108,13 +145,13 @@ def test_find_run_by_id_prefix_or_newest(tmp_path):
 
 
 def test_a_running_record_whose_controller_is_gone_says_so(tmp_path):
-    doc = load_record(recorded(tmp_path, lab_plan(), state="running"))
+    record = load_record(recorded(tmp_path, lab_plan(), state=RunState.RUNNING))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    doc["controller_pid"] = int(dead.stdout)
-    assert shown_state(doc) == "running (no controller)"
-    doc["controller_pid"] = os.getppid()
-    assert shown_state(doc) == "running"
+    record = dataclasses.replace(record, controller_pid=int(dead.stdout))
+    assert record.shown_state() == "running (no controller)"
+    record = dataclasses.replace(record, controller_pid=os.getppid())
+    assert record.shown_state() == "running"
 
 
 def test_only_one_follower_holds_the_lock(tmp_path):
@@ -132,15 +169,16 @@ def test_the_runs_table_shows_each_state(tmp_path):
 
     from deploy.console.view import runs_table
     docs = []
-    for n, (state, extra) in enumerate([("detached", {}), ("finished", {"exit_code": 3}),
-                                        ("down", {"attempt": 2})]):
+    for n, (state, extra) in enumerate([(RunState.DETACHED, {}),
+                                        (RunState.FINISHED, {"exit_code": 3}),
+                                        (RunState.DOWN, {"attempt": 2})]):
         run_dir = recorded(tmp_path, lab_plan(f"20260101-00000{n}-abcdef"), state=state,
                            started=100.0 + n)
         docs.append(update_record(run_dir, **extra))
     console = Console(record=True, width=200)
     console.print(runs_table(list_records(tmp_path), "runs"))
     rows = [line for line in console.export_text().splitlines() if "20260101" in line]
-    assert [r.split("│")[1].strip() for r in rows] == [d["run_id"] for d in docs]
+    assert [r.split("│")[1].strip() for r in rows] == [d.run_id for d in docs]
     assert "detached" in rows[0] and "finished (exit 3)" in rows[1]
     assert "down, attempt 2" in rows[2] and "a, b" in rows[2] and "│ 3 " in rows[2]
 
@@ -166,7 +204,7 @@ def test_restarts_stop_when_used_up_or_when_a_stop_failed():
 def test_gpus_and_the_setup_environment_survive_the_round_trip(tmp_path):
     plan = plan_run(inventory_of("gpus"), Options(requirements_sha256="ab" * 32),
                     "20260101-000000-fedcba", {i: 21000 + i for i in range(8)})
-    again = plan_of(load_record(recorded(tmp_path, plan)))
+    again = load_record(recorded(tmp_path, plan)).plan()
     assert again.options == plan.options
     assert [h.host.gpus for h in again.hosts] == [h.host.gpus for h in plan.hosts]
     assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]
@@ -174,7 +212,7 @@ def test_gpus_and_the_setup_environment_survive_the_round_trip(tmp_path):
 
 def test_gateways_survive_the_round_trip(tmp_path):
     plan = plan_run(inventory_of("jump"), Options(), "20260101-000000-0a0b0c", {0: 20000, 1: 20001})
-    again = plan_of(load_record(recorded(tmp_path, plan)))
+    again = load_record(recorded(tmp_path, plan)).plan()
     assert [h.host for h in again.hosts] == [h.host for h in plan.hosts]
     assert [(h.host.jump, [hop.shown() for hop in h.host.via]) for h in again.hosts] == [
         ("admin@gw.example:2222", ["admin@gw.example:2222"]),

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deploy.inventory.load import parse_inventory
 from deploy.errors import BadInput
+from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.command import join, quote, quote_path, split_args
 from deploy.plan.planner import Options, plan_run

@@ -18,7 +18,7 @@ from deploy.plan.lints import cluster_problems, endpoint_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
 from deploy.ssh import hostkeys
-from deploy.state.record import hosts_of, load_record, plan_of, record_document, write_record
+from deploy.state.record import RunRecord, RunState, load_record, write_record
 
 CONFIG = """
 Host lab-a
@@ -224,18 +224,19 @@ def test_the_record_keeps_the_resolved_logins_whatever_the_config_says_later(tmp
     plan = plan_run(inv, Options(), "20260101-000000-abcdef", {0: 20000, 1: 20001})
     run_dir = tmp_path / "runs" / plan.run_id
     run_dir.mkdir(parents=True)
-    write_record(run_dir, record_document(plan, "detached", time.time()))
+    write_record(run_dir, RunRecord.of(plan, RunState.DETACHED, time.time()))
     (tmp_path / "ssh_config").write_text("Host *\n    HostName elsewhere\n")
-    doc = load_record(run_dir)
-    assert hosts_of(doc) == inv.hosts
-    again = plan_of(doc)
+    record = load_record(run_dir)
+    assert record.hosts == inv.hosts
+    again = record.plan()
     assert [t.endpoint for t in again.tasks] == ["10.0.0.5:20000", "10.1.0.1:20001"]
     assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]
     # A record written before these fields existed still loads, with their defaults.
+    doc = record.document()
     for fields in doc["hosts"]:
         for key in ("ssh_config", "jump", "target", "via"):
             del fields[key]
-    old = hosts_of(doc)
+    old = RunRecord.from_document(doc, "old record").hosts
     assert [h.ssh.hostname for h in old] == ["lab-a", "behind-1"]
     assert list(old) == [dataclasses.replace(h, target=None, via=(), jump=None,
                                              ssh_config=sshconfig.DEFAULT_FILE)
