@@ -9,11 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from deploy.host.layout import BACKUP, HOST_ZIP, OUTPUT, PAYLOAD
-from deploy.host.layout import cache_dir as workdir_cache
-from deploy.host.layout import env_dir as workdir_env
+from deploy.host import layout
 from deploy.host.layout import in_run
-from deploy.host.layout import run_dir as workdir_run
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import EnvValue, Host, Inventory
 from deploy.plan.command import join, quote, quote_path
@@ -34,7 +31,7 @@ while len(s)<n:
  s+=c
 os.makedirs(d,exist_ok=True)
 tarfile.open(fileobj=io.BytesIO(s),mode="r:gz").extractall(d,**({"filter":"data"} if hasattr(tarfile,"data_filter") else {}))
-p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % HOST_ZIP
+p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % layout.HOST_ZIP
 
 
 def framed(stage: bytes) -> bytes:
@@ -83,7 +80,7 @@ class TaskPlan:
 
     @property
     def name(self) -> str:
-        return f"worker-{self.index}"
+        return layout.task_name(self.index)
 
     @property
     def endpoint(self) -> str:
@@ -126,18 +123,18 @@ def endpoint(host: Host, port: int | None) -> str:
 
 
 def run_dir(host: Host, run_id: str) -> str:
-    return workdir_run(host.workdir, run_id)
+    return layout.run_dir(host.workdir, run_id)
 
 
 def cache_dir(host: Host) -> str:
     """Content-addressed payload files; outside every run dir, kept between runs."""
-    return workdir_cache(host.workdir)
+    return layout.cache_dir(host.workdir)
 
 
 def env_dir(host: Host, requirements_sha256: str) -> str:
     """Where `inv setup` builds the host's environment for one requirements.txt."""
     key = hashlib.sha256(f"{requirements_sha256}\0{host.python}".encode()).hexdigest()[:16]
-    return workdir_env(host.workdir, key)
+    return layout.env_dir(host.workdir, key)
 
 
 def env_python(host: Host, requirements_sha256: str | None) -> str | None:
@@ -153,7 +150,7 @@ def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, 
 
     `args` are paths or numbers (a leading ~/ stays for the host to expand); `tail` comes quoted.
     """
-    words = [quote_path(host.python), "-I", quote_path(in_run(rundir, HOST_ZIP)), verb,
+    words = [quote_path(host.python), "-I", quote_path(in_run(rundir, layout.HOST_ZIP)), verb,
              quote_path(rundir), *(quote_path(a) for a in args)]
     if tail:
         words += ["--", *tail]
@@ -180,27 +177,27 @@ def stop_command(host: Host, rundir: str, grace: float) -> str:
 def cleanup_command(host: Host, rundir: str, grace: float) -> str:
     """Stop and delete the run; a host that never got the run (its push failed) has nothing
     to clean and answers so, instead of failing."""
-    agent = quote_path(in_run(rundir, HOST_ZIP))
+    agent = quote_path(in_run(rundir, layout.HOST_ZIP))
     nothing = quote(json.dumps({"survivors": [], "absent": True}))
     return (f"if [ -f {agent} ]; then {host_agent(host, rundir, 'cleanup', f'{grace:g}')}; "
             f"else printf '%s\\n' {nothing}; fi")
 
 
 def fetch_output_command(rundir: str) -> str:
-    out = quote_path(in_run(rundir, OUTPUT))
+    out = quote_path(in_run(rundir, layout.OUTPUT))
     return f"if [ -d {out} ]; then tar -czf - -C {out} .; fi"
 
 
 def fetch_backup_command(rundir: str) -> str:
     """The chief's backup as tar.gz on stdout; nothing when it has none yet."""
-    backup = quote_path(in_run(rundir, BACKUP))
+    backup = quote_path(in_run(rundir, layout.BACKUP))
     return f"if [ -d {backup} ]; then tar -czf - -C {backup} .; fi"
 
 
 def replace_backup_command(rundir: str) -> str:
     """Replace the host's backup with the tar.gz on stdin (an empty archive: no backup).
     Only <rundir>/backup is deleted, inside the run's own directory."""
-    backup = quote_path(in_run(rundir, BACKUP))
+    backup = quote_path(in_run(rundir, layout.BACKUP))
     return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
 
 
@@ -268,12 +265,12 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         "TFDEPLOY_RUN_ID": EnvValue(run_id),
         "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
-        "TFDEPLOY_OUTPUT_DIR": EnvValue(in_run(rundir, OUTPUT)),
+        "TFDEPLOY_OUTPUT_DIR": EnvValue(in_run(rundir, layout.OUTPUT)),
     }
     if backup:
         # Where the payload keeps its BackupAndRestore state; --restarts carries the chief's
         # copy to every host before a relaunch (there is no shared disk).
-        env["TFDEPLOY_BACKUP_DIR"] = EnvValue(in_run(rundir, BACKUP))
+        env["TFDEPLOY_BACKUP_DIR"] = EnvValue(in_run(rundir, layout.BACKUP))
     if gpus is not None and gpus != "all":
         env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
     data = host_data_dir(host.workdir, host.data)
@@ -301,7 +298,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             config = tf_config(cluster, index)
             argv = (quote_path(host.python), quote(options.entry),
                     *(quote(a) for a in options.args))
-            launch = host_agent(host, rundir, "launch", str(index), in_run(rundir, PAYLOAD),
+            launch = host_agent(host, rundir, "launch", str(index), in_run(rundir, layout.PAYLOAD),
                                 *([envpy] if envpy else []), tail=argv)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index), tf_config=config,

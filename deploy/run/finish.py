@@ -8,6 +8,7 @@ import time
 
 from deploy.console.view import say, summary_table
 from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
+from deploy.state import localdir
 from deploy.state.progress import losses_agree
 from deploy.state.record import RunState, write_json
 
@@ -32,7 +33,7 @@ def finish(run: Run, how: str) -> int:
         with console.status("stopping tasks and fetching results…"):
             if how in (Finish.DONE, Finish.DOWN):
                 try:
-                    artifacts = session.fetch_output(plan, local_dir / "artifacts")
+                    artifacts = session.fetch_output(plan, local_dir / localdir.ARTIFACTS)
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
             if how == Finish.DOWN or (how == Finish.INTERRUPTED and not run.stopped_clean):
@@ -45,7 +46,7 @@ def finish(run: Run, how: str) -> int:
         restore()
     code = _exit_code(run, how, problems)
     console.print(summary_table(run.tasks))
-    write_json(local_dir / "summary.json", _summary(run, artifacts, problems, code, how))
+    write_json(local_dir / localdir.SUMMARY, _summary(run, artifacts, problems, code, how))
     state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
              Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:

@@ -22,8 +22,10 @@ from deploy.push.payload import PayloadPush
 from deploy.run.check import check_before_run
 from deploy.run.finish import Finish, finish
 from deploy.run.restarts import Restarter
-from deploy.run.run import Run, RunSettings, follow_to_end
+from deploy.run.run import Run, RunSettings
+from deploy.run.watch import follow_to_end
 from deploy.ssh.session import Session
+from deploy.state import localdir
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
 )
@@ -67,14 +69,14 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     how = Finish.DONE
     detached = False
     try:
-        write_json(local_dir / "push.json", payload.send(session, skeleton, console))
+        write_json(local_dir / localdir.PUSH, payload.send(session, skeleton, console))
         if any(hp.data_dir for hp in skeleton.hosts):
-            write_json(local_dir / "data.json", data.send(session, skeleton, console))
+            write_json(local_dir / localdir.DATA, data.send(session, skeleton, console))
         with console.status("choosing ports…"):
             ports = (ports_by_task(skeleton, checked_ports) if checked_ports
                      else session.free_ports(skeleton))
             run.plan = plan_run(inventory, options, run_id, ports)
-        write_json(local_dir / "plan.json", plan_document(run.plan))
+        write_json(local_dir / localdir.PLAN, plan_document(run.plan))
         write_record(local_dir, RunRecord.of(run.plan, RunState.STARTING, started,
                                              restarts=settings.restarts))
         with console.status(f"starting {count} task(s)…"):

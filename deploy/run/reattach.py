@@ -15,8 +15,10 @@ from rich.console import Console
 from deploy.console.view import runs_table, say, status_table
 from deploy.inventory.model import Inventory
 from deploy.run.finish import Finish, finish
-from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, follow_to_end, load_local_logs
+from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, load_local_logs
+from deploy.run.watch import follow_to_end
 from deploy.ssh.session import Session
+from deploy.state import localdir
 from deploy.state.record import (
     RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records, load_record
 )
@@ -157,7 +159,7 @@ def _describe(record: RunRecord) -> str:
 
 def _summary(local_dir: Path) -> dict:
     try:
-        return json.loads((local_dir / "summary.json").read_text())
+        return json.loads((local_dir / localdir.SUMMARY).read_text())
     except (OSError, ValueError):
         return {}
 

@@ -31,9 +31,9 @@ from deploy.inventory.datasource import DataSource
 from deploy.inventory.model import Host, Inventory
 from deploy.inventory.sshconfig import Hop
 from deploy.plan.planner import Options, RunPlan, plan_run
+from deploy.state import localdir
 
-RECORD_FILE = "record.json"
-LOCK_FILE = ".follow.lock"
+RECORD_FILE = localdir.RECORD
 VERSION = 1
 # A record is read back at most this large: anything bigger is not one of ours.
 MAX_RECORD_BYTES = 16 << 20
@@ -262,7 +262,7 @@ class FollowLock:
     bytes again. An flock is released by the kernel when its holder dies, even by SIGKILL."""
 
     def __init__(self, run_dir: Path):
-        self.path = run_dir / LOCK_FILE
+        self.path = run_dir / localdir.FOLLOW_LOCK
         self.file = None
 
     def acquire(self) -> bool:
