@@ -1,0 +1,47 @@
+"""The installed `tfdeploy` command: the same tasks as `inv` in this checkout, from any
+directory, with the built-in inventory where there is no hosts.yaml."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from deploy.inventory.builtin import builtin_inventory
+from deploy.inventory.load import load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+TFDEPLOY = Path(sys.executable).parent / "tfdeploy"
+
+
+def tfdeploy(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    assert TFDEPLOY.is_file(), f"{TFDEPLOY} missing: install the project (pip install -e .)"
+    return subprocess.run([str(TFDEPLOY), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_the_command_lists_and_documents_the_tasks_outside_the_checkout(tmp_path):
+    listed = tfdeploy(tmp_path, "--list")
+    assert listed.returncode == 0, listed.stderr
+    tasks = {line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()}
+    assert {"train", "check", "setup", "runs", "status", "logs", "down"} <= tasks
+    helped = tfdeploy(tmp_path, "train", "--help")
+    assert helped.returncode == 0 and "--hosts" in helped.stdout and "--payload" in helped.stdout
+
+
+def test_without_a_hosts_file_the_built_in_inventory_is_used_and_named(tmp_path):
+    done = tfdeploy(tmp_path, "train", "--dry-run", "--payload", str(REPO / "payload"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "using the built-in inventory (two workers on localhost)" in done.stdout
+    assert "2 task(s) on 1 host(s)" in done.stdout
+    assert not any(tmp_path.iterdir())          # a dry run writes nothing
+
+
+def test_a_missing_inventory_given_by_name_is_refused(tmp_path):
+    done = tfdeploy(tmp_path, "train", "--dry-run", "--hosts", "nowhere.yaml")
+    assert done.returncode == 2 and "nowhere.yaml" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_built_in_inventory_is_the_checkouts_default():
+    assert builtin_inventory().hosts == load_inventory(REPO / "hosts.yaml").hosts
