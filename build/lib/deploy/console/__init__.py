@@ -1,0 +1,1 @@
+"""What people see: the live view, tables and messages, drawn with rich."""

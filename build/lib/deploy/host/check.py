@@ -1,0 +1,213 @@
+"""The host side of `inv check` and of `inv train`'s port choice: sent to the host's Python on
+stdin (`python3 - VERB ARGS`), so asking writes nothing on the host. Standard library only,
+like the rest of deploy/host.
+
+Verbs (each prints one JSON document on stdout):
+    probe WORKDIR COUNT [DATA]  python, package versions (read from installed metadata:
+                          importing TensorFlow would take seconds), free disk under WORKDIR,
+                          COUNT free TCP ports, and whether the directory DATA (an inventory
+                          `data: {remote: ...}`) can be read
+    mesh SPEC             listen on this host's task ports, connect to the other tasks' ports,
+                          report what answered; SPEC is JSON (see mesh())
+    ports COUNT           COUNT free TCP ports, distinct from each other
+"""
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+# Distribution names under which each package may be installed; the first one found counts.
+PACKAGES = {
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos",
+                   "tf-nightly", "tf-nightly-cpu"),
+    "tf_keras": ("tf-keras", "tf_keras", "tf-keras-nightly"),
+    "numpy": ("numpy",),
+}
+HELLO = "tfdeploy-check"
+
+
+def version_of(names):
+    """The installed version, as the tasks' python (not isolated) sees it: isolated mode, in
+    which this check runs, leaves out the user's site-packages, so they are searched too."""
+    import site
+    from importlib import metadata
+    path = list(sys.path)
+    user_site = site.getusersitepackages()
+    if os.path.isdir(user_site) and user_site not in path:
+        path.append(user_site)
+    for name in names:
+        for dist in metadata.distributions(name=name, path=path):
+            return dist.version
+    return None
+
+
+def existing_ancestor(path):
+    path = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def free_ports(count):
+    """Ports the kernel calls free on every interface (TensorFlow binds *:port). `inv check`
+    and the port choice of `inv train` both ask this, so both choose ports alike."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def data_problem(path):
+    """Why the tasks could not read their data directory `path`, or None."""
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        return "does not exist"
+    if not os.path.isdir(path):
+        return "is not a directory"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "is not readable by %s" % (os.environ.get("USER") or "this user")
+    return None
+
+
+def probe(workdir, count, data=None):
+    base = existing_ancestor(workdir)
+    st = os.statvfs(base)
+    return {
+        "data_problem": data_problem(data) if data else None,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "versions": {key: version_of(names) for key, names in PACKAGES.items()},
+        "disk_path": base,
+        "disk_free": st.f_bavail * st.f_frsize,
+        "writable": os.access(base, os.W_OK | os.X_OK),
+        "ports": free_ports(count),
+    }
+
+
+def serve(listener, port, host, nonce, counts, lock):
+    """Answer each check connection with who we are, so the caller knows it reached us."""
+    listener.settimeout(0.2)
+    while not counts["stop"]:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(2.0)
+            try:
+                line = conn.makefile("r").readline().split()
+                if line[:2] == [HELLO, nonce]:
+                    conn.sendall(("%s %s %s %d\n" % (HELLO, nonce, host, port)).encode())
+                    with lock:
+                        counts[port] += 1
+            except (OSError, ValueError):
+                continue
+
+
+def reach(address, port, expect_host, nonce, deadline, attempt):
+    """Connect until answered or the deadline: a peer's listener may start a moment later."""
+    last = "no attempt"
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port),
+                                          timeout=min(attempt, max(0.1, deadline - time.monotonic()))) as s:
+                s.settimeout(2.0)
+                s.sendall(("%s %s\n" % (HELLO, nonce)).encode())
+                answer = s.makefile("r").readline().split()
+            if answer[:2] != [HELLO, nonce] or len(answer) < 4:
+                return {"error": "foreign", "detail": "answered by something that is not a "
+                        "tfdeploy check listener"}
+            if answer[2] != expect_host:
+                return {"error": "wrong-host", "detail": answer[2]}
+            return {"ok": True}
+        except socket.timeout:
+            last = "timeout"
+        except ConnectionRefusedError:
+            last = "refused"
+            time.sleep(0.1)
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+            time.sleep(0.1)
+    return {"error": last}
+
+
+def mesh(spec):
+    """spec: {"host", "nonce", "window", "attempt", "listen": {port: expected connections},
+    "targets": [[address, port, host], ...]}. Listeners stop once every expected caller came,
+    or when the window (plus a little) ends, whatever the controller does."""
+    window, started = float(spec["window"]), time.monotonic()
+    # A backstop: even if this process were stuck, the kernel ends it and frees its ports.
+    signal.alarm(int(window) + 5)
+    listen = {int(p): n for p, n in spec["listen"].items()}
+    counts, lock, listeners, threads, bind_errors = {"stop": False}, threading.Lock(), [], [], {}
+    for port in listen:
+        counts[port] = 0
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+            s.listen(64)
+        except OSError as exc:
+            bind_errors[str(port)] = exc.strerror or str(exc)
+            s.close()
+            continue
+        listeners.append(s)
+        threads.append(threading.Thread(target=serve, daemon=True, args=(
+            s, port, spec["host"], spec["nonce"], counts, lock)))
+    for t in threads:
+        t.start()
+    results = [None] * len(spec["targets"])
+
+    def call(i, target):
+        results[i] = reach(target[0], int(target[1]), target[2], spec["nonce"],
+                           started + window, float(spec["attempt"]))
+    callers = [threading.Thread(target=call, args=(i, t), daemon=True)
+               for i, t in enumerate(spec["targets"])]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(window + 3)
+    # Stay reachable until every expected caller came, or the window is over.
+    while time.monotonic() < started + window + 1:
+        with lock:
+            if all(counts[p] >= n for p, n in listen.items() if str(p) not in bind_errors):
+                break
+        time.sleep(0.05)
+    counts["stop"] = True
+    for s in listeners:
+        s.close()
+    return {"connects": [dict(r or {"error": "no answer"}, address=t[0], port=int(t[1]),
+                              host=t[2]) for r, t in zip(results, spec["targets"])],
+            "accepted": {str(p): counts[p] for p in listen},
+            "bind_errors": bind_errors}
+
+
+def main(argv):
+    verb, args = argv[0], argv[1:]
+    if verb == "probe":
+        out = probe(args[0], int(args[1]), *args[2:3])
+    elif verb == "mesh":
+        out = mesh(json.loads(args[0]))
+    elif verb == "ports":
+        out = {"ports": free_ports(int(args[0]))}
+    else:
+        raise SystemExit("unknown verb %r" % verb)
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

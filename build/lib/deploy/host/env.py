@@ -1,0 +1,152 @@
+"""Host side of `inv setup`: one virtual environment per requirements file, built beside the
+others and renamed into place. Runs in the run directory of the setup.
+
+    <workdir>/envs/<key>/                 a finished environment (key: deploy/plan/setup.py)
+    <workdir>/envs/<key>/tfdeploy-env.json  written last: requirements hash, python version
+    <rundir>/env-build/                   the environment while it is built; renamed to
+                                          envs/<key> only once pip succeeded, so a half-built
+                                          one is never used (a failed build goes with the run
+                                          directory's cleanup)
+    <rundir>/build.pid                    {"pid", "pgid", "started"} of the running step (venv,
+                                          pip): its own process group, with TFDEPLOY_RUN_ID in
+                                          its environment, so that the agent's cleanup (after
+                                          Ctrl-C) stops it before it deletes the run directory
+
+Verbs, both `RUNDIR ENVDIR`: `envstatus` answers whether ENVDIR is ready for this
+requirements.txt and this Python; `setup [wheelhouse]` builds it, printing one JSON line per
+step or pip output line, then the result.
+"""
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from deploy.host.layout import BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run
+from deploy.host.rundir import run_id_of, write_json_atomic
+
+MARKER = "tfdeploy-env.json"
+# Distribution names whose versions the setup table shows.
+PACKAGES = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
+VERSIONS = ("import importlib.metadata as m, json, platform\n"
+            "def v(n):\n"
+            "    try:\n        return m.version(n)\n"
+            "    except m.PackageNotFoundError:\n        return None\n"
+            "print(json.dumps(dict({'python': platform.python_version()}, "
+            "**{k: v(n) for k, n in %r.items()})))" % (PACKAGES,))
+
+
+class SetupError(Exception):
+    pass
+
+
+def say(**doc):
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def wanted(rundir):
+    with open(in_run(rundir, REQUIREMENTS), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"requirements_sha256": digest, "python": platform.python_version(),
+            "base": os.path.realpath(sys.executable)}
+
+
+def ready(envdir, want):
+    try:
+        with open(os.path.join(envdir, MARKER)) as f:
+            have = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return all(have.get(k) == v for k, v in want.items()) and os.path.exists(
+        os.path.join(envdir, "bin", "python"))
+
+
+def versions(envdir):
+    out = subprocess.run([os.path.join(envdir, "bin", "python"), "-c", VERSIONS],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise SetupError("the environment's python does not run: %s" % out.stderr.strip()[-300:])
+    return json.loads(out.stdout)
+
+
+def envstatus(rundir, envdir):
+    if ready(envdir, wanted(rundir)):
+        return {"ready": True, "env": envdir, "versions": versions(envdir)}
+    return {"ready": False, "env": envdir}
+
+
+def run_logged(argv, rundir):
+    """Run one step in a process group of its own, recorded in <rundir>/build.pid: closing
+    the SSH channel does not end a pip that is waiting on the network, the agent's cleanup
+    does (TERM, then KILL, to that group only, checked against the run id)."""
+    run_id = run_id_of(rundir)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace",
+                            start_new_session=True,
+                            env=dict(os.environ, TFDEPLOY_RUN_ID=run_id))
+    pidfile = in_run(rundir, BUILD_PID)
+    write_json_atomic(pidfile, {"pid": proc.pid, "pgid": proc.pid, "started": time.time()})
+    for line in proc.stdout:
+        if line.strip():
+            say(event="log", text=line.rstrip())
+    code = proc.wait()
+    os.unlink(pidfile)
+    if code != 0:
+        raise SetupError("%s failed with exit code %d" % (" ".join(argv[:4]), code))
+
+
+def setup(rundir, envdir, wheelhouse):
+    want = wanted(rundir)
+    if ready(envdir, want):
+        say(event="step", text="environment exists: reusing it")
+        return {"event": "done", "reused": True, "env": envdir, "versions": versions(envdir)}
+    build = in_run(rundir, ENV_BUILD)
+    say(event="step", text="creating the virtual environment (python %s)" % want["python"])
+    run_logged([sys.executable, "-m", "venv", build], rundir)
+    python = os.path.join(build, "bin", "python")
+    install = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+               "-r", in_run(rundir, REQUIREMENTS)]
+    if wheelhouse:
+        install += ["--no-index", "--find-links", in_run(rundir, WHEELHOUSE)]
+    say(event="step", text="installing requirements.txt" + (" from the wheelhouse" if wheelhouse
+                                                             else ""))
+    run_logged(install, rundir)
+    with open(os.path.join(build, MARKER), "w") as f:
+        json.dump(want, f)
+    os.makedirs(os.path.dirname(envdir), exist_ok=True)
+    if os.path.lexists(envdir):
+        # A stale one (other Python, or unfinished): it goes with this run's directory.
+        os.rename(envdir, in_run(rundir, ENV_REPLACED))
+    os.rename(build, envdir)
+    relocate(envdir, build)
+    return {"event": "done", "reused": False, "env": envdir, "versions": versions(envdir)}
+
+
+def relocate(envdir, build):
+    """Scripts and activate files name the directory the env was built in; point them at its
+    final place (bin/python itself does not depend on it)."""
+    old, new = build.encode(), envdir.encode()
+    for folder in (os.path.join(envdir, "bin"), envdir):
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            if old in data:
+                with open(path, "wb") as f:
+                    f.write(data.replace(old, new))
+
+
+def main(verb, args):
+    rundir, envdir = args[0], os.path.expanduser(args[1])
+    try:
+        if verb == "envstatus":
+            return envstatus(rundir, envdir)
+        return setup(rundir, envdir, len(args) > 2 and args[2] == "wheelhouse")
+    except (SetupError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        say(event="error", message=str(exc))
+        raise SystemExit(1)

@@ -1,0 +1,322 @@
+"""Load and validate a host inventory into frozen values.
+
+Everything downstream trusts these values, so every check happens here, once, and every
+error names the file, the host, the field and (where YAML gives it) the line.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from deploy.inventory import sshconfig
+from deploy.inventory.datasource import parse_data
+from deploy.inventory.model import EnvValue, Host, Inventory, InventoryError
+from deploy.inventory.sshconfig import SshConfigError, SshConfigs
+
+TRANSPORTS = ("ssh", "local")
+HOST_KEY_POLICIES = ("strict", "accept-new")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+CONTROLLER_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+# Variables the launcher owns; a host may not override them.
+RESERVED_ENV_PREFIXES = ("TFDEPLOY_",)
+# TF_USE_LEGACY_KERAS=0 would bring back Keras 3, which cannot train multi-worker; without
+# PYTHONUNBUFFERED the live view lags behind the tasks.
+RESERVED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "PYTHONUNBUFFERED")
+
+
+HOST_FIELDS = {
+    "name": str, "address": str, "transport": str, "port": int, "user": str,
+    "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
+    "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
+    "data": dict, "ssh_config": str, "jump": str,
+}
+DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
+TOP_FIELDS = ("defaults", "hosts")
+
+
+class _Located:
+    """Line numbers of the YAML keys, so errors can point into the file."""
+
+    def __init__(self, root: yaml.Node | None):
+        self.lines: dict[tuple, int] = {}
+        self.seen: set[int] = set()
+        if root is not None:
+            self._walk(root, ())
+
+    def _walk(self, node: yaml.Node, path: tuple) -> None:
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) in self.seen:   # an alias seen before (possibly of itself): walk it once
+            return
+        self.seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = path + (getattr(key, "value", None),)
+                self.lines[sub] = key.start_mark.line + 1
+                self._walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, path + (i,))
+
+    def line(self, *path) -> int | None:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path)
+
+
+def load_inventory(path: str | os.PathLike, environ: Mapping[str, str] | None = None) -> Inventory:
+    """Read `path`; raise InventoryError for anything a launch could trip over later."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(file, f"not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InventoryError(file, f"cannot read inventory: {exc.strerror or exc}") from None
+    return parse_inventory(text, file, os.environ if environ is None else environ)
+
+
+def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Inventory:
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InventoryError(file, f"not valid YAML: {problem}", line=line) from None
+    where = _Located(root)
+    if not isinstance(data, dict):
+        raise InventoryError(file, "expected a mapping with a 'hosts' list", line=where.line())
+    for key in data:
+        if key not in TOP_FIELDS:
+            raise InventoryError(file, f"unknown top-level field (known: {', '.join(TOP_FIELDS)})",
+                                 field=str(key), line=where.line(key))
+    defaults = data.get("defaults")
+    if defaults is None:
+        defaults = {}
+    if not isinstance(defaults, dict):
+        raise InventoryError(file, "must be a mapping", field="defaults", line=where.line("defaults"))
+    for key, value in defaults.items():
+        if key not in DEFAULT_FIELDS:
+            raise InventoryError(file, _unknown(key, DEFAULT_FIELDS), field=f"defaults.{key}",
+                                 line=where.line("defaults", key))
+    raw_hosts = data.get("hosts")
+    if not isinstance(raw_hosts, list) or not raw_hosts:
+        raise InventoryError(file, "must be a non-empty list of hosts", field="hosts",
+                             line=where.line("hosts"))
+    hosts: list[Host] = []
+    configs = SshConfigs()
+    for i, raw in enumerate(raw_hosts):
+        if not isinstance(raw, dict):
+            raise InventoryError(file, f"host #{i + 1} must be a mapping", field="hosts",
+                                 line=where.line("hosts", i))
+        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ, configs))
+    _check_unique(file, where, hosts)
+    return Inventory(path=file, hosts=tuple(hosts))
+
+
+def _merged(defaults: dict, raw: dict) -> dict:
+    """A host's fields over the defaults; `env` merges name by name (the host's value wins),
+    so a default such as a dataset path is not lost when a host adds one variable."""
+    merged = {**defaults, **raw}
+    if isinstance(defaults.get("env"), dict) and isinstance(raw.get("env"), dict):
+        merged["env"] = {**defaults["env"], **raw["env"]}
+    return merged
+
+
+def _unknown(key: Any, known: Mapping) -> str:
+    return f"unknown field {key!r} (known: {', '.join(known)})"
+
+
+def _host(file: str, where: _Located, i: int, raw: dict, own: set,
+          environ: Mapping[str, str], configs: SshConfigs) -> Host:
+    name = raw.get("name")
+    label = name if isinstance(name, str) else f"#{i + 1}"
+
+    def fail(field_name: str, message: str) -> InventoryError:
+        if field_name in own or ("defaults", field_name) not in where.lines:
+            line = where.line("hosts", i, field_name)   # the field, or else the host entry
+        else:
+            line = where.line("defaults", field_name)
+        return InventoryError(file, message, host=label, field=field_name, line=line)
+
+    for key in raw:
+        if key not in HOST_FIELDS:
+            raise fail(key, _unknown(key, HOST_FIELDS))
+    for key, kind in HOST_FIELDS.items():
+        value = raw.get(key)
+        if value is None:
+            if key in raw:
+                raise fail(key, "has no value (remove the line to use the default)")
+            continue
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise fail(key, f"must be a whole number, not {value!r}")
+        if kind is str and not isinstance(value, str):
+            raise fail(key, f"must be a string, not {value!r}")
+        if kind is dict and not isinstance(value, dict) and key == "env":
+            raise fail(key, "must be a mapping of NAME: value")
+    if name is None:
+        raise fail("name", "missing (every host needs a unique name)")
+    if not HOST_NAME.fullmatch(name):
+        raise fail("name", "use letters, digits, '.', '_' or '-', starting with a letter or digit")
+    transport = raw.get("transport", "ssh")
+    if transport not in TRANSPORTS:
+        raise fail("transport", f"must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+    address = raw.get("address")
+    if address is None:
+        if transport != "local":
+            raise fail("address", "missing (how the controller reaches this host over SSH)")
+        address = "127.0.0.1"
+    for key in ("address", "cluster_address", "user", "python", "ssh_config", "jump"):
+        value = raw.get(key)
+        if value is not None and (not value or any(c.isspace() for c in value) or "\0" in value):
+            raise fail(key, f"must be non-empty with no spaces, not {value!r}")
+    port = raw.get("port")
+    if port is not None and not 1 <= port <= 65535:
+        raise fail("port", f"must be between 1 and 65535, not {port}")
+    workers = raw.get("workers", 1)
+    if workers < 1:
+        raise fail("workers", f"must be at least 1, not {workers}")
+    gpus = _gpus(raw, fail)
+    if isinstance(gpus, tuple):
+        workers = len(gpus)
+    policy = raw.get("host_key_policy", "strict")
+    if policy not in HOST_KEY_POLICIES:
+        raise fail("host_key_policy", f"must be one of {', '.join(HOST_KEY_POLICIES)}, not {policy!r}")
+    workdir = raw.get("workdir", "~/.tfdeploy")
+    problem = workdir_problem(workdir)
+    if problem:
+        raise fail("workdir", problem)
+    env = {}
+    for key, value in (raw.get("env") or {}).items():
+        env[key] = _env_value(key, value, environ, lambda msg, k=key: fail("env", f"{k}: {msg}"))
+    if gpus is not None and "CUDA_VISIBLE_DEVICES" in env:
+        raise fail("env", "CUDA_VISIBLE_DEVICES: is set from `gpus` on this host; remove it")
+    data = raw.get("data")
+    if data is not None:
+        data = parse_data(data, Path(file).parent, lambda msg: fail("data", msg))
+    ssh = _ssh_route(raw, address, transport, configs, fail)
+    return Host(
+        name=name, address=address, transport=transport, port=port, user=raw.get("user"),
+        identity_file=raw.get("identity_file"),
+        known_hosts=raw.get("known_hosts") or ssh.get("known_hosts") or "~/.ssh/known_hosts",
+        host_key_policy=policy,
+        python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
+        workdir=posixpath.normpath(workdir),
+        cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
+        own_python="python" in raw, gpus=gpus, data=data,
+        ssh_config=raw.get("ssh_config", sshconfig.DEFAULT_FILE), jump=raw.get("jump"),
+        target=ssh.get("target"), via=ssh.get("via", ()),
+    )
+
+
+def _ssh_route(raw: dict, address: str, transport: str, configs: SshConfigs, fail) -> dict:
+    """The host's login and gateways through its ssh config (nothing for a local host)."""
+    if transport == "local":
+        if raw.get("jump") is not None:
+            raise fail("jump", "a local host is not reached over SSH; remove jump")
+        return {}
+    try:
+        target, via, known_hosts = sshconfig.host_route(
+            configs, raw.get("ssh_config", sshconfig.DEFAULT_FILE), address, raw.get("port"),
+            raw.get("user"), raw.get("identity_file"), raw.get("jump"))
+    except SshConfigError as exc:
+        raise fail(exc.field, str(exc)) from None
+    return {"target": target, "via": via, "known_hosts": known_hosts}
+
+
+def _gpus(raw: dict, fail) -> tuple[int, ...] | str | None:
+    """`gpus: [0, 1]` (one task per GPU) or `gpus: all` (one task that sees every GPU)."""
+    gpus = raw.get("gpus")
+    if gpus is None:
+        return None
+    if gpus == "all":
+        if raw.get("workers", 1) != 1:
+            raise fail("workers", "gpus: all gives one task that sees every GPU; remove "
+                                  "workers, or list the GPUs (gpus: [0, 1]) for a task per GPU")
+        return "all"
+    if not isinstance(gpus, list) or not gpus or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
+        raise fail("gpus", f"must be a list of GPU indices such as [0, 1], or all, not {gpus!r}")
+    twice = sorted({g for g in gpus if gpus.count(g) > 1})
+    if twice:
+        raise fail("gpus", f"lists GPU {twice[0]} more than once")
+    if "workers" in raw:
+        raise fail("workers", f"cannot be combined with a gpus list: each listed GPU gets one "
+                              f"task ({len(gpus)} here); remove workers")
+    return tuple(gpus)
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why a workdir is unsafe to own, or None. Teardown deletes below it, so `/` and `~` are out."""
+    if not workdir or "\0" in workdir or "\n" in workdir:
+        return "must be a non-empty path"
+    if not (workdir.startswith("/") or workdir == "~" or workdir.startswith("~/")):
+        return f"must be absolute or start with ~/, not {workdir!r}"
+    parts = [p for p in workdir.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        return f"must not contain '..', not {workdir!r}"
+    if not parts or parts == ["~"]:
+        return f"must be a directory of its own, not {workdir!r} itself"
+    return None
+
+
+def _env_value(key: Any, value: Any, environ: Mapping[str, str], fail) -> EnvValue:
+    if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
+        raise fail("not a valid environment variable name")
+    if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
+        raise fail("is set by tfdeploy itself and cannot be overridden")
+    secret = False
+    if isinstance(value, dict):
+        extra = set(value) - {"value", "secret"}
+        if extra or "value" not in value:
+            raise fail("use {value: ..., secret: true}")
+        secret = value.get("secret", False)
+        if not isinstance(secret, bool):
+            # A string such as "false" would otherwise count as true.
+            raise fail(f"secret must be true or false, not {secret!r}")
+        value = value["value"]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise fail(f"must be a string or number, not {value!r}")
+    value = str(value)
+    match = CONTROLLER_VAR.match(value)
+    if match:
+        # Taken from the controller's environment: treated as a secret, since that is the
+        # usual reason to keep a value out of the inventory file.
+        var = match.group(1)
+        if var not in environ:
+            raise fail(f"${{{var}}} is not set in this shell's environment")
+        return EnvValue(environ[var], secret=True)
+    if "\0" in value:
+        raise fail("must not contain a NUL byte")
+    return EnvValue(value, secret=secret)
+
+
+def _check_unique(file: str, where: _Located, hosts: list[Host]) -> None:
+    seen: dict[str, int] = {}
+    for i, host in enumerate(hosts):
+        if host.name in seen:
+            raise InventoryError(file, f"duplicate name (also host #{seen[host.name] + 1})",
+                                 host=host.name, field="name", line=where.line("hosts", i, "name"))
+        seen[host.name] = i
+    targets: dict[tuple, str] = {}
+    for i, host in enumerate(hosts):
+        # Resolved values: two aliases of one machine are one machine; the same private
+        # address behind two different gateways is two.
+        ssh = host.ssh
+        target = ("local",) if host.transport == "local" else (
+            ssh.hostname, ssh.port, ssh.user, tuple(h.shown() for h in host.via))
+        key = target + (host.workdir,)
+        if key in targets:
+            raise InventoryError(
+                file, f"same machine and workdir as host {targets[key]!r}: their run directories "
+                "would collide; give one its own workdir, or use one host with workers: 2",
+                host=host.name, field="workdir", line=where.line("hosts", i))
+        targets[key] = host.name

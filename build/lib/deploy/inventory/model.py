@@ -1,0 +1,94 @@
+"""The inventory as values: hosts and their fields, frozen and validated once by load.py, so
+that everything downstream can trust them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from deploy.errors import BadInput
+from deploy.inventory import sshconfig
+from deploy.inventory.datasource import DataSource
+from deploy.inventory.sshconfig import Hop
+
+
+class InventoryError(BadInput):
+    """A problem in the inventory, located as precisely as the input allows."""
+
+    def __init__(self, file: str, message: str, host: str | None = None,
+                 field: str | None = None, line: int | None = None):
+        self.file, self.host, self.field, self.line = file, host, field, line
+        where = file + (f":{line}" if line else "")
+        parts = [where]
+        if host:
+            parts.append(f"host {host!r}")
+        if field:
+            parts.append(f"field {field!r}")
+        super().__init__(": ".join(parts) + ": " + message)
+
+
+@dataclass(frozen=True)
+class EnvValue:
+    """One environment value for a task; secret ones print as *** everywhere but the wire."""
+    value: str
+    secret: bool = False
+
+    def shown(self) -> str:
+        return "***" if self.secret else self.value
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    transport: str = "ssh"
+    port: int | None = None          # as given; None: the ssh config's Port, else 22
+    user: str | None = None          # as given; None: the ssh config's User, else the local user
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: str = "strict"
+    python: str = "python3"          # a local host defaults to the controller's own Python
+    workdir: str = "~/.tfdeploy"
+    cluster_address: str = ""
+    workers: int = 1
+    env: Mapping[str, EnvValue] = field(default_factory=dict)
+    own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
+    gpus: tuple[int, ...] | str | None = None   # one task per listed GPU, or "all" for one task
+    data: DataSource | None = None   # TFDEPLOY_DATA_DIR: local dir pushed by content, or remote
+    ssh_config: str = sshconfig.DEFAULT_FILE
+    jump: str | None = None          # gateway(s), ProxyJump syntax, as given
+    # Resolved through the ssh config when the inventory is loaded (see deploy/sshconfig.py).
+    target: Hop | None = None
+    via: tuple[Hop, ...] = ()        # gateways, first hop first
+
+    @property
+    def ssh(self) -> Hop:
+        """How the controller logs in: resolved, or else the inventory's values as they are."""
+        return self.target or Hop(self.address, self.address, self.port or 22, self.user,
+                                  (self.identity_file,) if self.identity_file else ())
+
+    @property
+    def tf_address(self) -> str:
+        """The address other tasks use to reach this host's TensorFlow ports: an ssh-config
+        alias means nothing on the other hosts, so by default it is the alias's HostName."""
+        return self.cluster_address or self.ssh.hostname
+
+    @property
+    def label(self) -> str:
+        if self.transport == "local":
+            return self.name
+        where = self.address if self.ssh.hostname == self.address else (
+            f"{self.address} = {self.ssh.hostname}")
+        if self.via:
+            where += " via " + ",".join(hop.name for hop in self.via)
+        return f"{self.name} ({where})"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    hosts: tuple[Host, ...]
+
+    @property
+    def task_count(self) -> int:
+        return sum(h.workers for h in self.hosts)

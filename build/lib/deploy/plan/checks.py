@@ -1,0 +1,237 @@
+"""What `inv check` asks each host and how it judges the answers. Pure: no network, no clock;
+checkrun.py runs it. Every problem is a sentence that names the host and what to do.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import deploy.host.check
+from deploy.inventory.model import Host
+from deploy.plan.command import join, quote, quote_path
+from deploy.plan.planner import SPARE_PORTS, assign_ports
+
+HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
+# A run needs room for the payload, logs and the chief's output; below this it is likely to
+# fail half-way, after the cluster has started.
+MIN_DISK_FREE = 512 * 1024 ** 2
+# Listeners live this long at most; a blocked port costs this much time, a healthy mesh far less.
+MESH_WINDOW = 5.0
+MESH_ATTEMPT = 2.0     # one connection attempt; a firewall that drops packets times out here
+INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
+
+
+@dataclass
+class HostCheck:
+    """Everything learned about one host; `problems` are filled by the judge_* functions."""
+    host: Host
+    probe: dict | None = None          # None: not connected, or its python did not run
+    ports: list[int] = field(default_factory=list)   # one per task, as a run would get them
+    mesh_in: tuple[int, int] = (0, 0)  # connections to this host's ports: (answered, tried)
+    mesh_out: tuple[int, int] = (0, 0)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckReport:
+    hosts: list[HostCheck]
+    problems: list[str] = field(default_factory=list)   # about the cluster as a whole
+    seconds: float = 0.0
+
+    @property
+    def all_problems(self) -> list[str]:
+        return [p for h in self.hosts for p in h.problems] + self.problems
+
+    @property
+    def ok(self) -> bool:
+        return not self.all_problems
+
+    @property
+    def task_ports(self) -> dict[str, list[int]]:
+        """Each host's task ports, chosen as a run chooses them and, once the mesh passed,
+        proven reachable from every other host."""
+        return {c.host.name: c.ports for c in self.hosts}
+
+
+def tf_label(host: Host) -> str:
+    return f"{host.name} ({host.tf_address})"
+
+
+def probe_command(host: Host, env_python: str | None = None) -> str:
+    """The host's python reads hostcheck.py from stdin: nothing is written on the host.
+    With `env_python` (the environment of `inv setup`), that one answers where it exists,
+    since it is what the tasks will run."""
+    args = ["-I", "-", "probe", quote_path(host.workdir), str(host.workers + SPARE_PORTS)]
+    if host.data is not None and host.data.kind == "remote":
+        args.append(quote_path(host.data.path))     # tasks will read it: can they?
+    probe = join([quote_path(host.python), *args])
+    if not env_python:
+        return probe
+    env = quote_path(env_python)
+    return f"if [ -x {env} ]; then {join([env, *args])}; else {probe}; fi"
+
+
+def mesh_command(host: Host, spec: dict) -> str:
+    return join([quote_path(host.python), "-I", "-", "mesh",
+                 quote(json.dumps(spec, separators=(",", ":")))])
+
+
+def judge_probe(check: HostCheck, answer: dict) -> None:
+    host, label = check.host, check.host.label
+    check.probe = answer
+    versions = answer.get("versions", {})
+    for package, version in versions.items():
+        if version is None:
+            check.problems.append(f"{label}: {package} is not installed for "
+                                  f"{answer.get('executable') or host.python} "
+                                  f"(pip install {INSTALL.get(package, package)})")
+    tf, tfk = versions.get("tensorflow"), versions.get("tf_keras")
+    if tf and tfk and minor(tf) != minor(tfk):
+        check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "
+                              f"(pip install 'tf-keras~={minor(tf)}.0')")
+    if answer.get("data_problem"):
+        check.problems.append(f"{label}: field 'data': remote path {host.data.path} "
+                              f"{answer['data_problem']} on the host")
+    if not answer.get("writable", True):
+        check.problems.append(f"{label}: cannot create the workdir {host.workdir}: "
+                              f"{answer['disk_path']} is not writable")
+    if answer.get("disk_free", MIN_DISK_FREE) < MIN_DISK_FREE:
+        check.problems.append(f"{label}: only {size(answer['disk_free'])} free under "
+                              f"{answer['disk_path']} (workdir {host.workdir}); a run needs "
+                              f"at least {size(MIN_DISK_FREE)}")
+
+
+def minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def version_problems(checks: list[HostCheck]) -> list[str]:
+    """Workers of different TensorFlow or tf_keras versions may fail to join or compute
+    differently; this can only be seen by asking the hosts."""
+    problems = []
+    for package in ("tensorflow", "tf_keras"):
+        seen: dict[str, list[str]] = {}
+        for c in checks:
+            version = (c.probe or {}).get("versions", {}).get(package)
+            if version:
+                seen.setdefault(version, []).append(c.host.name)
+        if len(seen) > 1:
+            where = "; ".join(f"{v} on {', '.join(names)}" for v, names in sorted(seen.items()))
+            problems.append(f"{package} differs between hosts: {where} — install one version "
+                            f"everywhere")
+    return problems
+
+
+def assign_task_ports(checks: list[HostCheck]) -> str | None:
+    """Give every task a port from its host's free ports, distinct across the cluster, as a
+    run does (planner.assign_ports); returns a problem or None."""
+    try:
+        ports = assign_ports([(c.host, c.host.workers) for c in checks],
+                             {c.host.name: c.probe["ports"] for c in checks})
+    except ValueError as exc:
+        return str(exc)
+    for c in checks:
+        c.ports = ports[c.host.name]
+    return None
+
+
+def mesh_pairs(checks: list[HostCheck]) -> list[tuple[HostCheck, HostCheck, int]]:
+    """(from host, to host, port): every host dials every task but its own single one. A
+    host with several tasks dials them too, as its tasks will dial each other."""
+    return [(src, dst, port) for src in checks for dst in checks for port in dst.ports
+            if src is not dst or len(dst.ports) > 1]
+
+
+def mesh_specs(checks: list[HostCheck], nonce: str) -> dict[str, dict]:
+    specs = {c.host.name: {"host": c.host.name, "nonce": nonce, "window": MESH_WINDOW,
+                           "attempt": MESH_ATTEMPT, "listen": {str(p): 0 for p in c.ports},
+                           "targets": []} for c in checks}
+    for src, dst, port in mesh_pairs(checks):
+        specs[dst.host.name]["listen"][str(port)] += 1
+        specs[src.host.name]["targets"].append([dst.host.tf_address, port, dst.host.name])
+    return specs
+
+
+def judge_mesh(checks: list[HostCheck], answers: dict[str, dict],
+               errors: dict[str, str]) -> None:
+    """Turn each host's connection results into problems on the host that was not reached."""
+    by_name = {c.host.name: c for c in checks}
+    tally = {c.host.name: [0, 0, 0, 0] for c in checks}   # in ok, in tried, out ok, out tried
+    for c in checks:
+        name = c.host.name
+        if name in errors:
+            c.problems.append(errors[name])   # names the host already
+            continue
+        answer = answers[name]
+        for port, error in answer.get("bind_errors", {}).items():
+            c.problems.append(f"{c.host.label}: cannot listen on port {port}: {error} — taken "
+                              f"by another program?")
+        for result in answer.get("connects", []):
+            dst = by_name[result["host"]]
+            ok = bool(result.get("ok"))
+            tally[name][2:] = [tally[name][2] + ok, tally[name][3] + 1]
+            tally[dst.host.name][:2] = [tally[dst.host.name][0] + ok, tally[dst.host.name][1] + 1]
+            if not ok:
+                dst.problems.append(mesh_problem(dst.host, result, c.host))
+    for c in checks:
+        t = tally[c.host.name]
+        c.mesh_in, c.mesh_out = (t[0], t[1]), (t[2], t[3])
+
+
+def mesh_problem(dst: Host, result: dict, src: Host) -> str:
+    where = f"{tf_label(dst)}: port {result['port']}"
+    error, detail = result.get("error"), result.get("detail", "")
+    frm = "itself" if src.name == dst.name else src.name
+    if error == "timeout" or error == "no answer":
+        return (f"{where} not reachable from {frm} (no answer within {MESH_WINDOW:g} s) "
+                f"— firewall?")
+    if error == "refused":
+        return (f"{where} refused a connection from {frm}: nothing listens there — is "
+                f"{dst.tf_address} really {dst.name}'s address (cluster_address)?")
+    if error == "wrong-host":
+        return (f"{where}: {frm} reached host {detail}'s listener instead — {dst.name} and "
+                f"{detail} have cluster addresses that lead to the same machine")
+    if error == "foreign":
+        return (f"{where}: {frm} reached another program, not {dst.name} — is "
+                f"{dst.tf_address} really {dst.name}'s address (cluster_address)?")
+    return f"{where} not reachable from {frm}: {error} — routing or firewall?"
+
+
+def size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def rows(report: CheckReport) -> list[list[str]]:
+    """One row per host: host, address, python, tensorflow, tf_keras, numpy, disk free, ports,
+    mesh, problems."""
+    out = []
+    for c in report.hosts:
+        address = "local" if c.host.transport == "local" else c.host.address
+        if c.host.tf_address != c.host.address:
+            address += f" (cluster {c.host.tf_address})"
+        if c.host.via:
+            address += " via " + ",".join(h.name for h in c.host.via)
+        probe = c.probe or {}
+        versions = probe.get("versions", {})
+        cells = [c.host.name, address, probe.get("python", "-")]
+        cells += [versions.get(p) or ("missing" if probe else "-")
+                  for p in ("tensorflow", "tf_keras", "numpy")]
+        cells.append(size(probe["disk_free"]) if "disk_free" in probe else "-")
+        cells.append(", ".join(map(str, c.ports)) or "-")
+        cells.append(mesh_cell(c))
+        cells.append("\n".join(c.problems) or "ok")
+        out.append(cells)
+    return out
+
+
+def mesh_cell(c: HostCheck) -> str:
+    if not c.mesh_in[1] and not c.mesh_out[1]:
+        return "-"
+    if c.mesh_in[0] == c.mesh_in[1] and c.mesh_out[0] == c.mesh_out[1]:
+        return "ok"
+    return f"in {c.mesh_in[0]}/{c.mesh_in[1]}, out {c.mesh_out[0]}/{c.mesh_out[1]}"

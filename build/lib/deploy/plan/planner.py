@@ -1,0 +1,318 @@
+"""Turn an inventory and options into a plan: per host and task, the exact commands and
+environment it will get. Pure: no clock, no randomness, no network; `--dry-run` prints it and
+the tests compare it with golden files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from deploy.host import layout
+from deploy.host.layout import in_run
+from deploy.inventory.datasource import host_data_dir
+from deploy.inventory.model import EnvValue, Host, Inventory
+from deploy.plan.command import join, quote, quote_path
+
+# A push, run by the host's python as `-c` before the host package is there: read the stage
+# (a line with its length, then the tar.gz) unbuffered, unpack it into the run dir, and become
+# the host package's push verb (`push` for the payload, `data-push` for data), which answers
+# what the cache lacks and then reads exactly that on the same stdin. Nothing beyond the stage
+# is on stdin before that answer, so nothing read ahead is lost by the exec. One command per
+# push: every command costs the host a login shell. `-S`: a push needs the standard library
+# only, and site-packages can take longer to set up than the push of an unchanged payload.
+PUSH_BOOTSTRAP = """\
+import io,os,sys,tarfile
+d=sys.argv[2];i=sys.stdin.buffer.raw;n=int(i.readline());s=bytearray()
+while len(s)<n:
+ c=i.read(n-len(s))
+ if not c:raise SystemExit("stage cut short")
+ s+=c
+os.makedirs(d,exist_ok=True)
+tarfile.open(fileobj=io.BytesIO(s),mode="r:gz").extractall(d,**({"filter":"data"} if hasattr(tarfile,"data_filter") else {}))
+p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % layout.HOST_ZIP
+
+
+def framed(stage: bytes) -> bytes:
+    """The stage as the push command reads it (planner.PUSH_BOOTSTRAP): its length on a line,
+    then the tar.gz, so that the files can follow on the same stdin."""
+    return b"%d\n" % len(stage) + stage
+
+
+# Ports probed beyond a host's own tasks, so that ports already given to another host that is
+# really the same machine can be skipped without asking again.
+SPARE_PORTS = 4
+
+
+@dataclass(frozen=True)
+class Options:
+    payload: str = "payload"
+    entry: str = "train.py"
+    args: tuple[str, ...] = ()
+    grace: float = 3.0
+    # sha256 of the payload's requirements.txt: tasks prefer the env `inv setup` built from it.
+    requirements_sha256: str | None = None
+    # Tasks keep BackupAndRestore state only when a relaunch can use it (--restarts): writing
+    # it costs every epoch, and without restarts the run directory and it go at teardown.
+    backup: bool = False
+
+
+@dataclass(frozen=True)
+class RemoteCommand:
+    """A command line for a host's shell, and what it reads on stdin (never secret in argv)."""
+    line: str
+    stdin: str = ""          # a short description of the stdin, for display
+
+    def __str__(self) -> str:
+        return self.line + (f"    < {self.stdin}" if self.stdin else "")
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    index: int
+    host: Host
+    port: int | None
+    tf_config: Mapping
+    env: Mapping[str, EnvValue]
+    launch: RemoteCommand
+    gpus: str | None = None          # "1": CUDA_VISIBLE_DEVICES=1; "all": every GPU; None
+
+    @property
+    def name(self) -> str:
+        return layout.task_name(self.index)
+
+    @property
+    def endpoint(self) -> str:
+        return endpoint(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: Host
+    run_dir: str
+    push: RemoteCommand
+    ports: RemoteCommand
+    tasks: tuple[TaskPlan, ...]
+    env_python: str | None = None     # used when it exists on the host, else host.python
+    data_dir: str | None = None       # TFDEPLOY_DATA_DIR of its tasks
+    data_push: RemoteCommand | None = None      # local data: the push of its files
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    options: Options
+    hosts: tuple[HostPlan, ...]
+
+    @property
+    def tasks(self) -> tuple[TaskPlan, ...]:
+        return tuple(t for h in self.hosts for t in h.tasks)
+
+    @property
+    def chief(self) -> TaskPlan:
+        return self.tasks[0]
+
+    @property
+    def chief_host(self) -> HostPlan:
+        return next(h for h in self.hosts if self.chief in h.tasks)
+
+
+def endpoint(host: Host, port: int | None) -> str:
+    return f"{host.tf_address}:{port if port is not None else '<port>'}"
+
+
+def run_dir(host: Host, run_id: str) -> str:
+    return layout.run_dir(host.workdir, run_id)
+
+
+def cache_dir(host: Host) -> str:
+    """Content-addressed payload files; outside every run dir, kept between runs."""
+    return layout.cache_dir(host.workdir)
+
+
+def env_dir(host: Host, requirements_sha256: str) -> str:
+    """Where `inv setup` builds the host's environment for one requirements.txt."""
+    key = hashlib.sha256(f"{requirements_sha256}\0{host.python}".encode()).hexdigest()[:16]
+    return layout.env_dir(host.workdir, key)
+
+
+def env_python(host: Host, requirements_sha256: str | None) -> str | None:
+    """The interpreter tasks prefer: the setup environment's, unless the inventory names the
+    host's own `python` (or the payload has no requirements.txt)."""
+    if host.own_python or not requirements_sha256:
+        return None
+    return f"{env_dir(host, requirements_sha256)}/bin/python"
+
+
+def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, ...] = ()) -> str:
+    """`<python> -I <rundir>/tfdeploy-host.zip VERB RUNDIR ARGS... [-- TAIL...]`.
+
+    `args` are paths or numbers (a leading ~/ stays for the host to expand); `tail` comes quoted.
+    """
+    words = [quote_path(host.python), "-I", quote_path(in_run(rundir, layout.HOST_ZIP)), verb,
+             quote_path(rundir), *(quote_path(a) for a in args)]
+    if tail:
+        words += ["--", *tail]
+    return join(words)
+
+
+def task_offsets(offsets: Mapping[int, int]) -> list[str]:
+    """`TASK:OFFSET` arguments: which tasks to report and how much of each log is read."""
+    return [f"{i}:{o}" for i, o in sorted(offsets.items())]
+
+
+def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
+    return host_agent(host, rundir, "poll", *task_offsets(offsets))
+
+
+def follow_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
+    return host_agent(host, rundir, "follow", *task_offsets(offsets))
+
+
+def stop_command(host: Host, rundir: str, grace: float) -> str:
+    return host_agent(host, rundir, "stop", f"{grace:g}")
+
+
+def cleanup_command(host: Host, rundir: str, grace: float) -> str:
+    """Stop and delete the run; a host that never got the run (its push failed) has nothing
+    to clean and answers so, instead of failing."""
+    agent = quote_path(in_run(rundir, layout.HOST_ZIP))
+    nothing = quote(json.dumps({"survivors": [], "absent": True}))
+    return (f"if [ -f {agent} ]; then {host_agent(host, rundir, 'cleanup', f'{grace:g}')}; "
+            f"else printf '%s\\n' {nothing}; fi")
+
+
+def fetch_output_command(rundir: str) -> str:
+    out = quote_path(in_run(rundir, layout.OUTPUT))
+    return f"if [ -d {out} ]; then tar -czf - -C {out} .; fi"
+
+
+def fetch_backup_command(rundir: str) -> str:
+    """The chief's backup as tar.gz on stdout; nothing when it has none yet."""
+    backup = quote_path(in_run(rundir, layout.BACKUP))
+    return f"if [ -d {backup} ]; then tar -czf - -C {backup} .; fi"
+
+
+def replace_backup_command(rundir: str) -> str:
+    """Replace the host's backup with the tar.gz on stdin (an empty archive: no backup).
+    Only <rundir>/backup is deleted, inside the run's own directory."""
+    backup = quote_path(in_run(rundir, layout.BACKUP))
+    return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
+
+
+def push_command(host: Host, verb: str, rundir: str, *args: str) -> str:
+    """PUSH_BOOTSTRAP unpacking the stage into `rundir`, then the host package's `verb`."""
+    return join([quote_path(host.python), "-I", "-S", "-c", quote(PUSH_BOOTSTRAP), verb,
+                 quote_path(rundir), *map(quote_path, args)])
+
+
+def data_commands(host: Host, rundir: str) -> dict:
+    """The HostPlan fields for the host's data: its TFDEPLOY_DATA_DIR and, for local data, its
+    push (as the payload's: answer what the cache lacks, then receive that)."""
+    data_dir = host_data_dir(host.workdir, host.data)
+    if data_dir is None or host.data.kind != "local":
+        return {"data_dir": data_dir}
+    return {
+        "data_dir": data_dir,
+        "data_push": RemoteCommand(
+            push_command(host, "data-push", rundir, data_dir, cache_dir(host)),
+            stdin="tar.gz of the data manifest and the host package; after the host's answer, "
+                  "the data files it lacks, each headed by its sha256"),
+    }
+
+
+def assign_ports(hosts: list[tuple[Host, int]],
+                 free: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """`count` ports per host from the ports found free on it, distinct across the whole
+    cluster: TensorFlow binds every interface, so two hosts that are one machine (a loopback
+    lab) must not share one. ValueError names a host that has too few."""
+    taken: set[int] = set()
+    chosen: dict[str, list[int]] = {}
+    for host, count in hosts:
+        ports = [p for p in free[host.name] if p not in taken][:count]
+        if len(ports) < count:
+            raise ValueError(f"{host.label}: could not find {count} free ports")
+        chosen[host.name] = ports
+        taken.update(ports)
+    return chosen
+
+
+def ports_by_task(plan: "RunPlan", chosen: Mapping[str, list[int]]) -> dict[int, int]:
+    """Each host's chosen ports (assign_ports) given to its tasks in order, by task index."""
+    return {t.index: port for hp in plan.hosts for t, port in zip(hp.tasks, chosen[hp.host.name])}
+
+
+def tf_config(cluster: list[str], index: int) -> dict:
+    return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+
+
+def task_gpus(host: Host, slot: int) -> str | None:
+    """The GPUs of the host's `slot`-th task: one listed GPU each, or all of them."""
+    if isinstance(host.gpus, tuple):
+        return str(host.gpus[slot])
+    return host.gpus
+
+
+def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
+             count: int, gpus: str | None = None, backup: bool = False) -> dict[str, EnvValue]:
+    env = {
+        "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
+        # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
+        "TF_USE_LEGACY_KERAS": EnvValue("1"),
+        # Without it, epoch lines sit in a buffer and the live view lags or loses them.
+        "PYTHONUNBUFFERED": EnvValue("1"),
+        "TFDEPLOY_RUN_ID": EnvValue(run_id),
+        "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
+        "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
+        "TFDEPLOY_OUTPUT_DIR": EnvValue(in_run(rundir, layout.OUTPUT)),
+    }
+    if backup:
+        # Where the payload keeps its BackupAndRestore state; --restarts carries the chief's
+        # copy to every host before a relaunch (there is no shared disk).
+        env["TFDEPLOY_BACKUP_DIR"] = EnvValue(in_run(rundir, layout.BACKUP))
+    if gpus is not None and gpus != "all":
+        env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
+    data = host_data_dir(host.workdir, host.data)
+    if data is not None:
+        env["TFDEPLOY_DATA_DIR"] = EnvValue(data)
+    env.update(host.env)
+    return env
+
+
+def plan_run(inventory: Inventory, options: Options, run_id: str,
+             ports: Mapping[int, int] | None = None) -> RunPlan:
+    """The whole run. `ports` (task index -> port) is chosen on the hosts at launch; without
+    it the plan shows `<port>` where those numbers will go."""
+    ports = ports or {}
+    slots = [host for host in inventory.hosts for _ in range(host.workers)]
+    cluster = [endpoint(h, ports.get(i)) for i, h in enumerate(slots)]
+    host_plans = []
+    for host in inventory.hosts:
+        rundir = run_dir(host, run_id)
+        envpy = env_python(host, options.requirements_sha256)
+        tasks = []
+        for slot in range(host.workers):
+            index = sum(len(h.tasks) for h in host_plans) + len(tasks)
+            gpus = task_gpus(host, slot)
+            config = tf_config(cluster, index)
+            argv = (quote_path(host.python), quote(options.entry),
+                    *(quote(a) for a in options.args))
+            launch = host_agent(host, rundir, "launch", str(index), in_run(rundir, layout.PAYLOAD),
+                                *([envpy] if envpy else []), tail=argv)
+            tasks.append(TaskPlan(
+                index=index, host=host, port=ports.get(index), tf_config=config,
+                env=task_env(host, run_id, rundir, config, index, len(slots), gpus,
+                             options.backup),
+                launch=RemoteCommand(launch, stdin="environment as JSON"), gpus=gpus))
+        host_plans.append(HostPlan(
+            host=host, run_dir=rundir,
+            push=RemoteCommand(
+                push_command(host, "push", rundir, cache_dir(host)),
+                stdin="tar.gz of run.json, the host package and the payload manifest; after the "
+                      "host's answer, the files it lacks, each headed by its sha256"),
+            ports=RemoteCommand(join([quote_path(host.python), "-I", "-", "ports",
+                                      str(host.workers + SPARE_PORTS)]),
+                                stdin="deploy/host/check.py"),
+            tasks=tuple(tasks), env_python=envpy, **data_commands(host, rundir)))
+    return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

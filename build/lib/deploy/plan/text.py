@@ -1,0 +1,90 @@
+"""The plan as text (for --dry-run) and as a document (for runs/<id>/plan.json).
+
+Secret values appear as *** in both; only the wire carries them.
+"""
+from __future__ import annotations
+
+import json
+
+from deploy.inventory.model import Host
+from deploy.plan.planner import HostPlan, RunPlan
+
+
+def plan_document(plan: RunPlan) -> dict:
+    return {
+        "run_id": plan.run_id,
+        "entry": plan.options.entry,
+        "args": list(plan.options.args),
+        "hosts": [{
+            "name": hp.host.name,
+            "transport": hp.host.transport,
+            "address": hp.host.address,
+            **({"ssh": ssh_route(hp.host)} if hp.host.transport == "ssh" else {}),
+            "run_dir": hp.run_dir,
+            **({"env_python": hp.env_python} if hp.env_python else {}),
+            **({"data": {"source": hp.host.data.shown, "dir": hp.data_dir}}
+               if hp.data_dir else {}),
+            **({"data_push": str(hp.data_push)} if hp.data_push else {}),
+            "push": str(hp.push),
+            "ports": str(hp.ports),
+            "tasks": [{
+                "task": t.name,
+                "endpoint": t.endpoint,
+                **({"gpus": t.gpus} if t.gpus else {}),
+                "tf_config": t.tf_config,
+                "env": {k: v.shown() for k, v in t.env.items()},
+                "launch": str(t.launch),
+            } for t in hp.tasks],
+        } for hp in plan.hosts],
+    }
+
+
+def data_lines(hp: HostPlan) -> list[str]:
+    """Where the host's tasks find their data: the source, TFDEPLOY_DATA_DIR, the push."""
+    data = hp.host.data
+    if data is None:
+        return []
+    if data.kind == "remote":
+        return [f"  data:   remote {data.given or data.path} (already on the host; checked, "
+                "not pushed)"]
+    named = ("" if data.tree else
+             " (<tree-sha256>: the content hash of its files, computed at push)")
+    return [f"  data:   local {data.given} -> {hp.data_dir}{named}; kept "
+            "between runs", f"  data push: {hp.data_push}"]
+
+
+def ssh_route(host: Host) -> str:
+    """`root@10.0.0.5:22 (alias lab-a) via gw (admin@10.0.0.1:22)`: the login as it is made,
+    gateways first to last."""
+    ssh = host.ssh
+    text = ssh.shown() + (f" (alias {host.address})" if ssh.hostname != host.address else "")
+    hops = [hop.described() for hop in host.via]
+    return text + (" via " + ", then ".join(hops) if hops else "")
+
+
+def plan_text(plan: RunPlan) -> str:
+    tasks = plan.tasks
+    lines = [f"run {plan.run_id}: {len(tasks)} task(s) on {len(plan.hosts)} host(s); "
+             f"chief is {plan.chief.name} on {plan.chief.host.name}"]
+    if any(t.port is None for t in tasks):
+        lines.append("ports: <port> is chosen on each host at launch (a free port per task)")
+    lines.append("cluster: " + json.dumps(tasks[0].tf_config["cluster"], separators=(",", ":")))
+    for hp in plan.hosts:
+        host = hp.host
+        where = ("local subprocesses" if host.transport == "local"
+                 else f"ssh {ssh_route(host)}")
+        lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
+                  f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
+        if hp.env_python:
+            lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
+        lines += data_lines(hp)
+        for t in hp.tasks:
+            gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
+            lines.append(f"  {t.name} at {t.endpoint}{gpus}")
+            lines.append(f"    launch: {t.launch}")
+            for key, value in t.env.items():
+                lines.append(f"    env {key}={value.shown()}")
+        lines.append(f"  end:    stop tasks (TERM, KILL after {plan.options.grace:g} s), "
+                     f"fetch logs{' and output' if hp.tasks[0] is plan.chief else ''}, "
+                     f"delete {hp.run_dir}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,138 @@
+"""The `data: {local: DIR}` push as the controller runs it: hash each data directory here
+(remembered hashes: unchanged large files are not read again), name it by the hash of its
+manifest, and give each host that lacks that tree exactly the contents its cache lacks. The
+host keeps the assembled tree in <workdir>/data/<tree sha256> (deploy/hostdata.py), so a run
+with the same data finds it there and nothing travels or is copied.
+
+Everything local (missing files, symlinks out of a data directory) is checked before any
+host is touched; errors name the inventory file, the host and the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from deploy.host.layout import DATA_MANIFEST, HOST_ZIP
+from deploy.inventory.model import Inventory, InventoryError
+from deploy.plan.planner import HostPlan, RunPlan
+from deploy.push.bundle import (
+    BundleError, FileEntry, FileStream, SharedStreams, add_bytes, file_entry, manifest_document,
+    payload_files
+)
+from deploy.push.hashcache import HashCache
+from deploy.push.hostzip import host_zip
+from deploy.push.payload import size_text
+from deploy.ssh.session import Session
+
+
+@dataclass(frozen=True)
+class DataTree:
+    root: Path
+    files: tuple[FileEntry, ...]
+    manifest: bytes          # the exact bytes whose sha256 names the tree on the hosts
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.manifest).hexdigest()
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @classmethod
+    def of(cls, root: Path, hashes: HashCache) -> "DataTree":
+        files = tuple(file_entry(root, rel, hashes)
+                      for rel in payload_files(root, what="data directory"))
+        return cls(root, files, json.dumps(manifest_document(files)).encode())
+
+    def stage(self) -> bytes:
+        """The data step's tar.gz: the manifest and the host package, into the run dir."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+            add_bytes(tar, DATA_MANIFEST, self.manifest)
+            add_bytes(tar, HOST_ZIP, host_zip())
+        return buf.getvalue()
+
+
+class DataPush:
+    """Every local data directory of the inventory, hashed once however many hosts use it."""
+
+    def __init__(self, inventory: Inventory, hash_cache: Path | None = None):
+        # Saved only after a push that reached every host (as the payload's hashes are).
+        self.hashes = HashCache(hash_cache)
+        self.trees: dict[str, DataTree] = {}
+        for host in inventory.hosts:
+            data = host.data
+            if data is None or data.kind != "local" or data.path in self.trees:
+                continue
+            try:
+                self.trees[data.path] = DataTree.of(Path(data.path), self.hashes)
+            except (BundleError, OSError) as exc:
+                raise InventoryError(inventory.path, f"local: {exc}", host=host.name,
+                                     field="data") from None
+        self.streams = SharedStreams()
+
+    def resolved(self, inventory: Inventory) -> Inventory:
+        """The inventory with each local data source named by its tree's hash, which gives the
+        planner every host's TFDEPLOY_DATA_DIR."""
+        hosts = tuple(h if h.data is None or h.data.kind != "local" else dataclasses.replace(
+            h, data=dataclasses.replace(h.data, tree=self.trees[h.data.path].sha256))
+            for h in inventory.hosts)
+        return dataclasses.replace(inventory, hosts=hosts)
+
+    def content(self, tree: DataTree, wanted: frozenset[str]) -> FileStream:
+        return self.streams.get(tree.root, tree.files, wanted)
+
+    def summary(self, plans: list[HostPlan], answers: dict[str, dict]) -> str:
+        """`data: 3 of 40 file(s) new (1.2 MiB) → 2 of 2 host(s)`: contents some host lacked,
+        counted once per data directory."""
+        total = new = size = 0
+        for path, tree in self.trees.items():
+            lacking = set().union(*(set(answers[hp.host.name]["missing"]) |
+                                    set(answers[hp.host.name]["received"])
+                                    for hp in plans if hp.host.data.path == path))
+            total += len(tree.files)
+            new += sum(1 for f in tree.files if f.sha256 in lacking)
+            size += sum({f.sha256: f.size for f in tree.files if f.sha256 in lacking}.values())
+        receivers = sum(1 for a in answers.values() if a["missing"] or a["received"])
+        return (f"data: {new} of {total} file(s) new ({size_text(size)}) → "
+                f"{receivers} of {len(answers)} host(s)")
+
+    def send(self, session: Session, plan: RunPlan, console: Console) -> dict:
+        """Push every host's local data; returns the record of what each host was sent (and
+        where each host's TFDEPLOY_DATA_DIR is, remote ones included)."""
+        plans = [hp for hp in plan.hosts if hp.data_push is not None]
+        answers: dict[str, dict] = {}
+        if plans:
+            stages = {path: tree.stage() for path, tree in self.trees.items()}
+            size = sum(tree.size for tree in self.trees.values())
+            with console.status(f"data: {len(self.trees)} dir(s), {size_text(size)}; asking "
+                                f"{len(plans)} host(s) what they lack…") as status:
+                def on_answers(wants: dict[str, dict]) -> None:
+                    console.print(self.summary(plans, wants), highlight=False)
+                    status.update("data: sending and assembling on every host…")
+                answers = session.push(
+                    plans, "data", lambda hp: hp.data_push.line,
+                    lambda hp: stages[hp.host.data.path],
+                    lambda hp, wanted: self.content(self.trees[hp.host.data.path], wanted),
+                    on_answers)
+            self.hashes.save()
+        record = {}
+        for hp in plan.hosts:
+            if hp.data_dir is None:
+                continue
+            record[hp.host.name] = {"source": hp.host.data.shown, "dir": hp.data_dir}
+            answer = answers.get(hp.host.name)
+            if answer is not None:
+                record[hp.host.name].update(
+                    tree=hp.host.data.tree, files=answer["files"], present=answer["present"],
+                    missing=answer["missing"], received=answer["received"],
+                    bytes=answer.get("bytes", 0))
+        return {"hosts": record}

@@ -1,0 +1,85 @@
+"""The incremental payload push as the controller runs it: hash locally, ask every host what
+it lacks, send each host only that, say what travelled."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from deploy.plan.planner import RunPlan
+from deploy.push.bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
+from deploy.push.hashcache import HashCache
+from deploy.ssh.session import Session
+
+# Recently changed content sent along with the manifest, at most this much per push.
+INLINE_BYTES = 1 << 20
+
+
+def size_text(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""  # unreachable
+
+
+class PayloadPush:
+    """One run's payload: its manifest and stage are built before any host is touched, so a
+    bad payload (missing entry, symlink out of it) changes nothing anywhere."""
+
+    def __init__(self, payload: Path, entry: str, run_id: str, hash_cache: Path | None = None):
+        self.payload = payload
+        # Saved only after a push that reached every host: nothing is written here before
+        # then, and files of a failed push still count as changed (they ride along again).
+        self.hashes = HashCache(hash_cache)
+        self.files: tuple[FileEntry, ...] = manifest(payload, entry, self.hashes)
+        self.stage = stage_tar(run_id, self.files, self.riders(self.hashes.changed), payload)
+        self.streams = SharedStreams()
+
+    def riders(self, changed: set[str]) -> list[FileEntry]:
+        """Files changed since the last push (their hash was not remembered), smallest first,
+        up to INLINE_BYTES: they ride along with the manifest, so that the usual edit of a few
+        small files costs one round trip instead of two. A host that has them already just
+        discards them."""
+        riders, budget, taken = [], INLINE_BYTES, set()
+        for f in sorted(self.files, key=lambda f: f.size):
+            if f.size > budget:
+                break
+            if os.path.abspath(self.payload / f.path) in changed and f.sha256 not in taken:
+                riders.append(f)
+                taken.add(f.sha256)
+                budget -= f.size
+        return riders
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def content(self, wanted: frozenset[str]) -> FileStream:
+        return self.streams.get(self.payload, self.files, wanted)
+
+    def changed(self, answers: dict[str, dict]) -> str:
+        """`payload: 3 of 1000 files changed (12.0 KiB) → 4 of 4 host(s)`: the contents some
+        host lacked (whether they rode along with the manifest or travel next)."""
+        lacking = {name: {*a["missing"], *a["received"]} for name, a in answers.items()}
+        union = set().union(*lacking.values()) if lacking else set()
+        changed = [f for f in self.files if f.sha256 in union]
+        size = sum({f.sha256: f.size for f in changed}.values())
+        receivers = sum(1 for hashes in lacking.values() if hashes)
+        return (f"payload: {len(changed)} of {len(self.files)} file(s) changed "
+                f"({size_text(size)}) → {receivers} of {len(answers)} host(s)")
+
+    def send(self, session: Session, plan: RunPlan, console: Console) -> dict:
+        """Push to every host in parallel; returns a record of what each host was sent."""
+        with console.status(f"payload: {len(self.files)} file(s), "
+                            f"{size_text(self.total_bytes)}; asking {len(plan.hosts)} "
+                            "host(s) what they lack…") as status:
+            def on_answers(answers: dict[str, dict]) -> None:
+                console.print(self.changed(answers), highlight=False)
+                status.update("payload: sending and assembling on every host…")
+            answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push.line,
+                                   lambda hp: self.stage, lambda hp, wanted: self.content(wanted),
+                                   on_answers)
+        self.hashes.save()
+        return {"files": len(self.files), "bytes": self.total_bytes, "hosts": answers}

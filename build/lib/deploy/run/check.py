@@ -1,0 +1,136 @@
+"""Run the checks of checks.py on the hosts: probe every host, then the TCP mesh between them.
+
+Nothing is written on any host: hostcheck.py travels on the stdin of the host's python. Used
+by `inv check` (own connections) and by `train` before it starts anything (its session's).
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Mapping
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from deploy.console.view import say
+from deploy.errors import Failure
+from deploy.inventory.model import Inventory
+from deploy.plan.checks import (
+    HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assign_task_ports, judge_mesh,
+    judge_probe, mesh_command, mesh_specs, probe_command, rows, version_problems
+)
+from deploy.plan.planner import env_python
+from deploy.ssh.parallel import on_each
+from deploy.ssh.session import Session, StepFailed, agent_json
+from deploy.ssh.transport import Transport, connect
+
+PROBE_TIMEOUT = 60.0
+
+
+class ChecksFailed(Failure):
+    """`inv train`'s checks found problems; nothing was started."""
+
+
+def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
+               unreachable: Mapping[str, str] | None = None,
+               requirements_sha256: str | None = None) -> CheckReport:
+    """`transports` by host name; hosts in `unreachable` (name -> why) are reported as such.
+    `requirements_sha256` names the `inv setup` environment the tasks would prefer."""
+    started = time.monotonic()
+    source = HOSTCHECK_SOURCE.read_bytes()
+    checks = [HostCheck(h) for h in inventory.hosts]
+    for c in checks:
+        if c.host.name not in transports:
+            c.problems.append((unreachable or {}).get(c.host.name, f"{c.host.label}: not connected"))
+    connected = [c for c in checks if c.host.name in transports]
+
+    def ask(c: HostCheck, line: str, step: str, timeout: float) -> dict:
+        result = transports[c.host.name].run(line, stdin=source, timeout=timeout)
+        if result.code in (126, 127):    # the shell could not run the interpreter at all
+            raise StepFailed(f"{c.host.label}: python {c.host.python!r} does not run there: "
+                             f"{result.error_text()} (set 'python:' in the inventory)")
+        return agent_json(result, c.host, step)
+
+    answers, errors = on_each(connected, lambda c: c.host.name, lambda c: ask(
+        c, probe_command(c.host, env_python(c.host, requirements_sha256)),
+        f"running {c.host.python}", PROBE_TIMEOUT))
+    for c in connected:
+        if c.host.name in errors:
+            c.problems.append(str(errors[c.host.name]))
+        else:
+            judge_probe(c, answers[c.host.name])
+    probed = [c for c in connected if c.probe]
+    report = CheckReport(checks, version_problems(checks))
+    port_problem = assign_task_ports(probed) if probed else None
+    if port_problem:
+        report.problems.append(port_problem)
+    elif probed:
+        specs = mesh_specs(probed, secrets.token_hex(8))
+        answers, errors = on_each(probed, lambda c: c.host.name, lambda c: ask(
+            c, mesh_command(c.host, specs[c.host.name]), "mesh check", MESH_WINDOW + 30))
+        judge_mesh(probed, answers, {name: str(e) for name, e in errors.items()})
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_keys: bool,
+                requirements_sha256: str | None = None) -> CheckReport:
+    """`inv check`: connect to every host itself, so that unreachable hosts become rows too."""
+    started = time.monotonic()
+    transports, errors = on_each(inventory.hosts, lambda h: h.name, lambda h: connect(
+        h, connect_timeout, accept_new_host_keys))
+    try:
+        report = run_checks(inventory, transports, {n: str(e) for n, e in errors.items()},
+                            requirements_sha256)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def check_before_run(session: Session, inventory: Inventory, console: Console,
+                     requirements_sha256: str | None = None) -> CheckReport:
+    """`train`'s checks, on the session's connections. On a problem the session is closed and
+    ChecksFailed raised: nothing has been started or written on any host."""
+    try:
+        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
+            report = run_checks(inventory, session.transports,
+                                requirements_sha256=requirements_sha256)
+        if not report.ok:
+            console.print(report_view(report))
+            raise ChecksFailed(f"{len(report.all_problems)} problem(s) found before starting; "
+                               "nothing was started (--no-check skips the checks)")
+    except BaseException:
+        session.close()
+        raise
+    say(console, f"checked {len(report.hosts)} host(s) in {report.seconds:.1f} s: "
+                 f"versions, disk, ports and the TCP mesh are fine", "green")
+    return report
+
+
+def report_view(report: CheckReport) -> Group:
+    """The table, one row per host; its problems column points into the numbered list below,
+    which says each problem in words (plain lines, easy to copy)."""
+    numbers = {p: i + 1 for i, p in enumerate(report.all_problems)}
+    table = Table(title=f"check: {len(report.hosts)} host(s), {report.seconds:.1f} s",
+                  title_justify="left")
+    for column in ("host", "address", "python", "tensorflow", "tf_keras", "numpy", "disk free",
+                   "ports", "mesh", "problems"):
+        # Versions and sizes stay whole; long cells (addresses, port lists) fold.
+        folds = column in ("address", "ports", "mesh", "problems")
+        table.add_column(column, no_wrap=not folds, overflow="fold")
+    for check, cells in zip(report.hosts, rows(report)):
+        refs = ", ".join(f"#{numbers[p]}" for p in check.problems)
+        cells[-1] = Text(refs, style="bold red") if refs else Text("ok", style="green")
+        cells[-2] = Text(cells[-2], style="green" if cells[-2] == "ok" else "red")
+        table.add_row(*cells)
+    lines: list = [table]
+    if report.problems:
+        lines.append(Text("cluster: " + ", ".join(f"#{numbers[p]}" for p in report.problems),
+                          style="bold red"))
+    lines += [Text(f"#{n} {p}", style="red") for p, n in numbers.items()]
+    if report.ok:
+        lines.append(Text("all checks passed", style="green"))
+    return Group(*lines)

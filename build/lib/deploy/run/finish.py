@@ -1,0 +1,101 @@
+"""The end of a run, however it ends: artifacts, stop, the last log bytes, teardown on every
+host, summary.json and the record's final state. Shared by `inv train`, `inv logs --follow`
+and `inv down`.
+"""
+from __future__ import annotations
+
+import time
+
+from deploy.console.view import say, summary_table
+from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
+from deploy.state import localdir
+from deploy.state.progress import losses_agree
+from deploy.state.record import RunState, write_json
+
+
+class Finish:
+    """How a run ends: which end-of-run steps run, in order."""
+    DONE = "done"                # the tasks ended: fetch artifacts, clean up
+    INTERRUPTED = "interrupted"  # Ctrl-C: stop, read the last log bytes, clean up
+    DOWN = "down"                # `inv down`: fetch artifacts, stop, read the rest, clean up
+
+
+def finish(run: Run, how: str) -> int:
+    """Fetch what the run made, tear it down everywhere, write the summary and the record.
+    Runs on every exit path once anything was started, including Ctrl-C and errors."""
+    plan, session, console, local_dir = run.plan, run.session, run.console, run.dir
+    problems: list[str] = list(run.problems)
+    artifacts = 0
+    # A second Ctrl-C must not cut teardown short and leave tasks behind; every remote step
+    # here has its own timeout, so ignoring it cannot hang the controller forever.
+    restore = ignore_sigint()
+    try:
+        with console.status("stopping tasks and fetching results…"):
+            if how in (Finish.DONE, Finish.DOWN):
+                try:
+                    artifacts = session.fetch_output(plan, local_dir / localdir.ARTIFACTS)
+                except Exception as exc:  # reported; teardown still runs
+                    problems.append(f"fetching artifacts: {exc}")
+            if how == Finish.DOWN or (how == Finish.INTERRUPTED and not run.stopped_clean):
+                problems += session.stop(plan).values()
+                if run.writes_logs:
+                    _drain_logs(run)
+            problems += session.cleanup(plan).values()
+    finally:
+        run.close()
+        restore()
+    code = _exit_code(run, how, problems)
+    console.print(summary_table(run.tasks))
+    write_json(local_dir / localdir.SUMMARY, _summary(run, artifacts, problems, code, how))
+    state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
+             Finish.DOWN: RunState.DOWN}[how]
+    if not problems or how == Finish.DONE:
+        run.set_state(state, exit_code=code, ended=time.time())
+    for problem in problems:
+        say(console, f"teardown: {problem}", "bold red")
+    if not problems:
+        say(console, f"teardown: no process of run {plan.run_id} left; run directories "
+                     f"removed on {len(plan.hosts)} host(s)", "green")
+    if artifacts:
+        console.print(f"artifacts: {artifacts} file(s) in {local_dir / 'artifacts'}",
+                      highlight=False)
+    return code
+
+
+def _drain_logs(run: Run) -> None:
+    """After a stop, read what the tasks wrote last, so the local logs are complete."""
+    try:
+        run.catch_up(print_lines=False)
+    except Exception:  # best effort: the run is being torn down anyway
+        pass
+
+
+def _exit_code(run: Run, how: str, problems: list[str]) -> int:
+    if how == Finish.INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if how == Finish.DOWN:
+        return 1 if problems else 0
+    if problems or run.failure:
+        return 1
+    return 0 if all(t.state == "exited" and t.code == 0 for t in run.tasks) else 1
+
+
+def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str) -> dict:
+    return {
+        "run_id": run.plan.run_id,
+        "exit_code": code,
+        "interrupted": how == Finish.INTERRUPTED,
+        "ended_by": how,
+        "attempts": run.attempt,
+        "failed_attempts": run.attempts,
+        "failure": None if not run.failure else {
+            "task": run.failure[0].name, "reason": run.failure[1]},
+        "losses_agree": losses_agree(run.tasks),
+        "artifact_files": artifacts,
+        "teardown_problems": problems,
+        "tasks": [{
+            "task": t.name, "host": t.host, "state": t.state, "exit_code": t.code,
+            "duration_s": None if t.duration is None else round(t.duration, 3),
+            "epochs": t.epoch, "final_loss": t.loss, "losses": t.losses,
+        } for t in run.tasks],
+    }

@@ -1,0 +1,175 @@
+"""A run found again from its local record, by any shell: `inv runs`, `status`, `logs`, `down`.
+
+The inventory is not needed: the record holds every host's connection fields, run directory
+and ports (records.py). Following to the end goes through the same path as a fresh launch
+(runner.py), so a reattached run ends exactly like one that was never left.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from deploy.console.view import runs_table, say, status_table
+from deploy.inventory.model import Inventory
+from deploy.run.finish import Finish, finish
+from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, load_local_logs
+from deploy.run.watch import follow_to_end
+from deploy.ssh.session import Session
+from deploy.state import localdir
+from deploy.state.record import (
+    RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records, load_record
+)
+
+
+def list_runs(runs_dir: Path, console: Console) -> int:
+    records = list_records(runs_dir)
+    if not records:
+        say(console, f"no runs recorded in {runs_dir}")
+        return 0
+    console.print(runs_table(records, f"runs in {runs_dir} (newest last)"))
+    return 0
+
+
+def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console,
+          only_task: int | None = None, writes_logs: bool = False) -> tuple[RunRecord, Run]:
+    """The run's record, and a Run connected to its hosts as the record describes them."""
+    local_dir = find_run(runs_dir, run_id)
+    record = load_record(local_dir)
+    where = str(local_dir / RECORD_FILE)
+    plan = record.plan(where)
+    if only_task is not None and only_task not in {t.index for t in plan.tasks}:
+        raise RecordError(f"run {record.run_id} has no task {only_task} "
+                          f"(tasks 0..{len(plan.tasks) - 1})")
+    inventory = Inventory(path=where, hosts=record.hosts)
+    session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+    return record, Run(plan, session, local_dir, console, only_task=only_task,
+                       writes_logs=writes_logs)
+
+
+def status(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
+    """Every task's state as its host sees it now, with the last metrics."""
+    local_dir = find_run(runs_dir, run_id)
+    record = load_record(local_dir)
+    title = f"run {record.run_id}: {_describe(record)}"
+    if not record.state.active:
+        # Its run directories are gone from the hosts: the local copy is all there is.
+        run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
+                  writes_logs=False)
+        load_local_logs(run, None)
+        _apply_summary(run, local_dir)
+        console.print(status_table(run.tasks, title + " (from the local records)"))
+        return 0
+    record, run = _open(runs_dir, record.run_id, settings, console)
+    try:
+        load_local_logs(run, None)
+        run.catch_up(print_lines=False)
+    finally:
+        run.close()
+    console.print(status_table(run.tasks, title))
+    return 0
+
+
+def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
+         settings: RunSettings, console: Console) -> int:
+    """The local copy, then what the hosts have beyond it; with `follow`, on to the end of
+    the run and its end-of-run work."""
+    local_dir = find_run(runs_dir, run_id)
+    record = load_record(local_dir)
+    if not record.state.active:
+        _show_local(record, local_dir, console, task)
+        say(console, f"run {record.run_id} has ended ({_describe(record)}): the logs above "
+                     "are complete", "dim")
+        return 0
+    if follow and record.state is RunState.STARTING and not record.controller_alive():
+        # Its controller ended while launching: some tasks may never have started, and a
+        # follower would wait for them forever.
+        raise RecordError(f"run {record.run_id} was never fully started (its controller ended "
+                          f"during the launch): stop it with inv down --run {record.run_id}")
+    lock = FollowLock(local_dir)
+    if not lock.acquire() and not follow:
+        # The controller following the run keeps the local copy current: show that.
+        _show_local(record, local_dir, console, task)
+        return 0
+    if lock.file is None:
+        raise RecordError(f"run {record.run_id} is being followed by another controller "
+                          f"(pid {record.controller_pid}); its logs are being written by it")
+    try:
+        record, run = _open(runs_dir, record.run_id, settings, console, only_task=task,
+                            writes_logs=True)
+        how = Finish.DONE
+        try:
+            load_local_logs(run, run.show)
+            if not follow:
+                run.catch_up()
+                run.close()
+                return 0
+            run.set_state(RunState.RUNNING, controller_pid=os.getpid())
+            run.attempt = record.attempt
+            run.interrupt_stops = False
+            follow_to_end(run, settings)
+        except KeyboardInterrupt:
+            # Ctrl-C here stops following, not the run: it was left running on purpose.
+            run.close()
+            run.set_state(RunState.DETACHED, controller_pid=None)
+            say(console, f"stopped following; run {record.run_id} goes on. "
+                         f"Stop it with: inv down --run {record.run_id}", "yellow")
+            return EXIT_INTERRUPTED
+        return finish(run, how)
+    finally:
+        lock.release()
+
+
+def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
+    """Artifacts first, then TERM, KILL after the grace, a check of every host, cleanup."""
+    local_dir = find_run(runs_dir, run_id)
+    record = load_record(local_dir)
+    if not record.state.active and not _teardown_problems(local_dir):
+        # Its end already stopped everything and checked every host; a second summary
+        # would only overwrite the real one.
+        say(console, f"run {record.run_id} has already ended ({_describe(record)}): "
+                     "nothing to stop")
+        return 0
+    lock = FollowLock(local_dir)
+    # Another controller following the run keeps writing its logs; only without one do we.
+    mine = lock.acquire()
+    try:
+        record, run = _open(runs_dir, local_dir.name, settings, console, writes_logs=mine)
+        if mine:
+            load_local_logs(run, None)
+        say(console, f"stopping run {record.run_id} ({_describe(record)}) on "
+                     f"{len(run.plan.hosts)} host(s)…", "yellow")
+        return finish(run, Finish.DOWN)
+    finally:
+        lock.release()
+
+
+def _show_local(record: RunRecord, local_dir: Path, console: Console,
+                task: int | None) -> None:
+    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
+              only_task=task, writes_logs=False)
+    load_local_logs(run, run.show)
+
+
+def _describe(record: RunRecord) -> str:
+    return f"{record.shown_state()}, started {record.started_text()}"
+
+
+def _summary(local_dir: Path) -> dict:
+    try:
+        return json.loads((local_dir / localdir.SUMMARY).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _teardown_problems(local_dir: Path) -> list:
+    return _summary(local_dir).get("teardown_problems", ["no summary"])
+
+
+def _apply_summary(run: Run, local_dir: Path) -> None:
+    """Exit codes of an ended run, from its summary.json (the hosts no longer know them)."""
+    summary = _summary(local_dir)
+    for task, row in zip(run.tasks, summary.get("tasks", [])):
+        task.state, task.code = row.get("state", task.state), row.get("exit_code")

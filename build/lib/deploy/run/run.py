@@ -1,0 +1,118 @@
+"""One run on the controller: its plan, its tasks' progress and its local files. The same
+object serves a run just launched (launch.py) and one found again from its record
+(reattach.py); the phases that act on it are pieces of their own: watch.py follows it,
+stopping.py stops its tasks, restarts.py relaunches it, finish.py tears it down.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+
+from deploy.console.view import LiveView, print_lines
+from deploy.plan.planner import RunPlan
+from deploy.ssh.session import Session, StepFailed
+from deploy.state import localdir
+from deploy.state.progress import TaskProgress
+from deploy.state.record import RunState, update_record
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    runs_dir: Path = Path("runs")
+    connect_timeout: float = 10.0
+    accept_new_host_keys: bool = False
+    # A worker whose peer never comes waits for an hour and ignores SIGTERM: without this
+    # watchdog a missing or blocked peer is a silent hang.
+    start_timeout: float = 120.0
+    restarts: int = 0
+    detach: bool = False
+    # Probe every host and the TCP mesh before anything is written anywhere (run/check.py).
+    check: bool = True
+
+
+class Run:
+    def __init__(self, plan: RunPlan, session: Session | None, local_dir: Path,
+                 console: Console, only_task: int | None = None, writes_logs: bool = True):
+        self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
+        self.tasks = [TaskProgress(t.index, t.host.name) for t in plan.tasks]
+        self.only_task = only_task          # `inv logs --task N`: print only its lines
+        self.writes_logs = writes_logs      # False while another controller follows the run
+        self.logs = {t.index: open(localdir.task_log(local_dir, t.index), "ab")
+                     for t in plan.tasks} if writes_logs else {}
+        self.failure: tuple[TaskProgress, str] | None = None
+        self.problems: list[str] = []       # what teardown could not do, by host
+        self.attempts: list[dict] = []      # the failed attempts of --restarts
+        self.attempt = 1
+        # Ctrl-C while following stops the run (inv train), or only the following (inv logs).
+        self.interrupt_stops = True
+        self.stopped_clean = False          # every host answered a stop: none survived
+
+    def set_state(self, state: RunState, **fields) -> None:
+        update_record(self.dir, state=state, **fields)
+
+    def show(self, task: TaskProgress, lines: list[str], view: LiveView | None = None) -> None:
+        if self.only_task is not None and task.index != self.only_task:
+            return
+        if view:
+            view.lines(task, lines)
+        else:
+            print_lines(self.console, task, lines)
+
+    def offsets(self) -> dict[int, int]:
+        return {t.index: t.offset for t in self.tasks}
+
+    def apply(self, task: TaskProgress, doc: dict, view: LiveView | None = None,
+              shown: bool = True) -> None:
+        """One answer of the host about `task`: its state, and log bytes kept and shown."""
+        data, lines = task.update(doc)
+        if self.writes_logs and data:
+            self.logs[task.index].write(data)
+            self.logs[task.index].flush()
+        if shown:
+            self.show(task, lines, view)
+
+    def catch_up(self, print_lines: bool = True) -> None:
+        """Read every task's log on the hosts from where the local copy ends, to its end."""
+        while True:
+            answers, errors = self.session.poll(self.plan, self.offsets())
+            for name, error in errors.items():
+                raise StepFailed(f"{name}: reading the logs: {error}")
+            more = False
+            for task in self.tasks:
+                if task.index in answers:
+                    self.apply(task, answers[task.index], shown=print_lines)
+                    more = more or task.offset < task.size
+            if not more:
+                return
+
+    def close(self) -> None:
+        """Drop the connections and close the local logs; the run itself goes on as it is."""
+        if self.session:
+            self.session.close()
+        for log in self.logs.values():
+            log.close()
+
+
+def load_local_logs(run: Run, shown: Callable[[TaskProgress, list[str]], None] | None) -> None:
+    """Start from the local copies of the logs: their metrics count, and reading the hosts'
+    logs goes on from where they end, so no byte is printed or stored twice."""
+    for task in run.tasks:
+        path = localdir.task_log(run.dir, task.index)
+        lines = task.replay(path.read_bytes() if path.exists() else b"")
+        if shown:
+            shown(task, lines)
+
+
+def ignore_sigint():
+    """Ignore Ctrl-C (in the main thread) until the returned function restores it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return lambda: signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,257 @@
+"""`setup`: on every host in parallel, the virtual environment of the payload's
+requirements.txt, reused when it exists, built beside the others when it does not; a live row
+per host while it works and a table of the resulting versions.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from deploy.console.view import say
+from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
+from deploy.inventory.model import Inventory
+from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
+from deploy.push.bundle import BundleError, add_bytes
+from deploy.push.hostzip import host_zip
+from deploy.ssh.parallel import on_all, on_each
+from deploy.ssh.session import Session, agent_json, checked
+from deploy.ssh.transport import LineStream
+from deploy.state.record import new_run_id
+
+VERSION_COLUMNS = ("python", "tensorflow", "tf_keras", "numpy")
+
+
+def requirements_hash(payload: Path) -> str | None:
+    """sha256 of the payload's requirements.txt, or None when it has none."""
+    path = payload / "requirements.txt"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def wheel_files(wheelhouse: Path) -> list[Path]:
+    if not wheelhouse.is_dir():
+        raise BundleError(f"wheelhouse {wheelhouse} is not a directory")
+    files = sorted(p for p in wheelhouse.iterdir() if p.is_file())
+    if not files:
+        raise BundleError(f"wheelhouse {wheelhouse} holds no files (expected *.whl)")
+    return files
+
+
+def stage(run_id: str, requirements: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        add_bytes(tar, RUN_FILE, json.dumps({"run_id": run_id}).encode())
+        add_bytes(tar, REQUIREMENTS, requirements)
+        add_bytes(tar, HOST_ZIP, host_zip())
+    return buf.getvalue()
+
+
+def wheel_tar(files: list[Path]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:   # wheels are zip files already
+        for path in files:
+            tar.add(path, arcname=f"{WHEELHOUSE}/{path.name}")
+    return buf.getvalue()
+
+
+@dataclass
+class HostProgress:
+    name: str
+    state: str = "checking"
+    line: str = ""
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    result: dict | None = None
+    tail: list[str] = field(default_factory=list)
+
+    def seconds(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+
+def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_timeout: float,
+          accept_new_host_keys: bool, console: Console) -> int:
+    requirements = payload / "requirements.txt"
+    if not requirements.is_file():
+        raise BundleError(f"{requirements} does not exist: setup installs the payload's "
+                          "requirements.txt")
+    wheels = wheel_files(wheelhouse) if wheelhouse else []
+    data = requirements.read_bytes()
+    run_id = "setup-" + new_run_id()
+    plan = plan_setup(inventory, hashlib.sha256(data).hexdigest(), run_id, bool(wheels))
+    console.print(f"setup: environment for {requirements} on {len(plan.hosts)} host(s)"
+                  + (f", installing from {len(wheels)} file(s) of {wheelhouse}" if wheels else ""),
+                  highlight=False)
+    pinned = [h.name for h in inventory.hosts if h.own_python]
+    if pinned:
+        say(console, f"note: {', '.join(pinned)} name their own python in {inventory.path}: "
+                     "inv train runs that, not this environment", "yellow")
+    with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
+        session = Session.open(inventory, connect_timeout, accept_new_host_keys)
+    progress = {hp.host.name: HostProgress(hp.host.name) for hp in plan.hosts}
+    try:
+        _run(session, plan, stage(run_id, data), wheels, progress, console)
+    finally:
+        problems = _cleanup(session, plan)
+        session.close()
+    console.print(versions_table(plan, progress))
+    states = [p.state for p in progress.values()]
+    counts = ", ".join(f"{states.count(k)} {k}" for k in ("reused", "built", "failed")
+                       if states.count(k))
+    console.print(f"setup: {counts} of {len(states)} host(s)"
+                  + (" (an unchanged requirements.txt reuses its environment: no pip)"
+                     if states.count("reused") == len(states) else ""), highlight=False)
+    failed = [p for p in progress.values() if p.state == "failed"]
+    for p in failed:
+        say(console, f"{p.name}: {p.line}", "bold red")
+        for line in p.tail[-10:]:
+            say(console, f"  {line}", "dim")
+    for name, problem in problems.items():
+        say(console, f"cleanup on {name}: {problem}", "bold red")
+    return 1 if failed or problems else 0
+
+
+def _run(session: Session, plan: SetupPlan, stage_tar: bytes, wheels: list[Path],
+         progress: dict[str, HostProgress], console: Console) -> None:
+    t = session.transports
+    with console.status("checking existing environments…"):
+        status = on_all("checking environments", plan.hosts, lambda hp: hp.host.name,
+                        lambda hp: agent_json(t[hp.host.name].run(hp.status.line, stdin=stage_tar,
+                                                                  timeout=120),
+                                              hp.host, "environment check"))
+    todo = []
+    for hp in plan.hosts:
+        p = progress[hp.host.name]
+        if status[hp.host.name]["ready"]:
+            p.state, p.line, p.ended = "reused", "environment exists: reused", time.monotonic()
+            p.result = {"reused": True, **status[hp.host.name]}
+        else:
+            todo.append(hp)
+    if wheels and todo:
+        data = wheel_tar(wheels)
+        with console.status(f"pushing the wheelhouse ({len(data) / 2**20:.1f} MiB) to "
+                            f"{len(todo)} host(s)…"):
+            on_all("pushing the wheelhouse", todo, lambda hp: hp.host.name,
+                   lambda hp: checked(t[hp.host.name].run(hp.wheels.line, stdin=data,
+                                                          timeout=1800), hp.host, "wheelhouse"))
+    if todo:
+        _build_all(session, todo, progress, console)
+
+
+def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, HostProgress],
+               console: Console) -> None:
+    lock = threading.Lock()
+    streams: dict[str, LineStream] = {}
+    interrupted = threading.Event()
+
+    def build(hp: HostSetup) -> None:
+        p = progress[hp.host.name]
+        p.state, p.started = "building", time.monotonic()
+        stream = session.transports[hp.host.name].stream(hp.build.line)
+        with lock:
+            streams[hp.host.name] = stream
+            if interrupted.is_set():     # opened just after Ctrl-C: closed like the others
+                stream.close()
+        try:
+            for raw in stream:
+                doc = _parse(raw)
+                with lock:
+                    _apply(p, doc)
+        except Exception as exc:  # the stream broke: shown as this host's failure
+            with lock:
+                p.state, p.line = "failed", f"lost contact: {exc}"
+        finally:
+            stream.close()
+            with lock:
+                if p.state == "building":
+                    p.state, p.line = "failed", "the setup ended without an answer"
+                p.ended = time.monotonic()
+
+    pool = ThreadPoolExecutor(max_workers=min(32, len(todo)))
+    try:
+        with Live(progress_table(progress), console=console, refresh_per_second=4,
+                  transient=True) as live:
+            futures = [pool.submit(build, hp) for hp in todo]
+            while not all(f.done() for f in futures):
+                time.sleep(0.2)
+                with lock:
+                    live.update(progress_table(progress))
+    except BaseException:
+        # Ctrl-C: stop following, so that the readers end now rather than with pip; the
+        # cleanup that follows stops each host's pip (its recorded process group).
+        with lock:
+            interrupted.set()
+            opened = list(streams.values())
+        for stream in opened:
+            stream.close()
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _parse(raw: bytes) -> dict:
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+        return doc if isinstance(doc, dict) else {"event": "log", "text": text}
+    except ValueError:
+        return {"event": "log", "text": text}
+
+
+def _apply(p: HostProgress, doc: dict) -> None:
+    event = doc.get("event")
+    if event == "done":
+        p.state = "reused" if doc.get("reused") else "built"
+        p.line, p.result = f"environment {'reused' if doc.get('reused') else 'built'}", doc
+    elif event == "error":
+        p.state, p.line = "failed", doc.get("message", "failed")
+    elif "text" in doc:
+        p.line = doc["text"]
+        p.tail = (p.tail + [doc["text"]])[-40:]
+
+
+STATE_STYLES = {"checking": "dim", "building": "yellow", "built": "green", "reused": "green",
+                "failed": "bold red"}
+
+
+def progress_table(progress: dict[str, HostProgress]) -> Table:
+    table = Table(title="setup", title_justify="left")
+    for column in ("host", "state", "s", "now"):
+        table.add_column(column, overflow="ellipsis", no_wrap=column == "now")
+    for p in progress.values():
+        table.add_row(p.name, Text(p.state, style=STATE_STYLES.get(p.state, "")),
+                      f"{p.seconds():.0f}", Text(p.line[-100:]))
+    return table
+
+
+def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
+    table = Table(title="environments", title_justify="left")
+    for column in ("host", "environment", "state", "s", *VERSION_COLUMNS):
+        table.add_column(column)
+    for hp in plan.hosts:
+        p = progress[hp.host.name]
+        versions = (p.result or {}).get("versions") or {}
+        table.add_row(p.name, hp.env_dir, Text(p.state, style=STATE_STYLES.get(p.state, "")),
+                      f"{p.seconds():.1f}", *(versions.get(c) or "-" for c in VERSION_COLUMNS))
+    return table
+
+
+def _cleanup(session: Session, plan: SetupPlan) -> dict[str, str]:
+    """Delete each host's setup run directory (a failed build inside it goes too)."""
+    results, errors = on_each(plan.hosts, lambda hp: hp.host.name, lambda hp: agent_json(
+        session.transports[hp.host.name].run(hp.cleanup, timeout=120), hp.host, "cleanup"))
+    problems = {name: str(error) for name, error in errors.items()}
+    problems.update({name: f"processes left: {doc['survivors']}"
+                     for name, doc in results.items() if doc.get("survivors")})
+    return problems
+

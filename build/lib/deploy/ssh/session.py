@@ -1,0 +1,195 @@
+"""The remote side of one run: every step on every host, over one transport per host.
+
+Each method works on all hosts in parallel and waits for all of them, so a failure on one host
+is reported together with what happened on the others.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from deploy.errors import Failure
+from deploy.inventory.model import Host, Inventory
+from deploy.plan.checks import HOSTCHECK_SOURCE
+from deploy.plan.planner import (
+    HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command, fetch_output_command,
+    framed, poll_command, ports_by_task, replace_backup_command, stop_command
+)
+from deploy.ssh.parallel import HostsFailed, on_all, on_each
+from deploy.ssh.transport import CommandResult, Exchange, Transport, connect
+
+
+class StepFailed(Failure):
+    """A step on a host answered with an error, or not as it must."""
+
+
+def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
+    if result.code != 0:
+        raise StepFailed(f"{host.label}: {step} failed: {result.error_text()}")
+    return result
+
+
+def agent_json(result: CommandResult, host: Host, step: str) -> dict:
+    checked(result, host, step)
+    try:
+        return json.loads(result.stdout.decode("utf-8").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise StepFailed(f"{host.label}: {step}: unexpected answer "
+                         f"{result.stdout[:200]!r}") from None
+
+
+class Session:
+    def __init__(self, transports: Mapping[str, Transport]):
+        self.transports = dict(transports)
+
+    @classmethod
+    def open(cls, inventory: Inventory, connect_timeout: float,
+             accept_new_host_keys: bool) -> "Session":
+        results, errors = on_each(inventory.hosts, lambda h: h.name,
+                                  lambda h: connect(h, connect_timeout, accept_new_host_keys))
+        if errors:
+            for transport in results.values():
+                transport.close()
+            raise HostsFailed("connecting", errors)
+        return cls(results)
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()
+
+    def _each(self, plans, step: Callable[[HostPlan, Transport], object]):
+        return on_each(plans, lambda hp: hp.host.name,
+                       lambda hp: step(hp, self.transports[hp.host.name]))
+
+    def _all(self, name: str, plans, step: Callable[[HostPlan, Transport], object]):
+        return on_all(name, plans, lambda hp: hp.host.name,
+                      lambda hp: step(hp, self.transports[hp.host.name]))
+
+    def push(self, plans: list[HostPlan], what: str, command: Callable[[HostPlan], str],
+             stage: Callable[[HostPlan], bytes],
+             content: Callable[[HostPlan, frozenset[str]], bytes | Iterable[bytes]],
+             on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
+             ) -> dict[str, dict]:
+        """One command per host (planner.PUSH_BOOTSTRAP), in two steps: the host's stage (its
+        helper and manifest; for the payload also small recent files) is answered with the
+        file contents the host's cache still lacks; then, on the same stdin, exactly those
+        travel and the host assembles the directory (a host that lacks nothing has done so, or
+        had it, at its answer). `what` ("payload", "data") names the steps in errors. Returns
+        each host's record: missing hashes, received (both steps), files."""
+        exchanges: dict[str, Exchange] = {}
+
+        def ask(hp: HostPlan, t: Transport) -> dict:
+            exchanges[hp.host.name] = exchange = t.exchange(command(hp), timeout=120)
+            exchange.send(framed(stage(hp)))
+            line = exchange.readline()
+            if not line:                     # it ended without an answer: say why
+                checked(exchange.finish(), hp.host, f"{what} push")
+            return agent_json(CommandResult(0, line, b""), hp.host, f"{what} push")
+
+        def send(hp: HostPlan, t: Transport) -> dict:
+            want, exchange = wants[hp.host.name], exchanges[hp.host.name]
+            if want.get("assembled") or want.get("present"):
+                checked(exchange.finish(), hp.host, f"{what} push")
+                return want
+            exchange.settimeout(1800)
+            exchange.send(content(hp, frozenset(want["missing"])))
+            answer = agent_json(exchange.finish(), hp.host, f"sending {what} files")
+            return {**answer, "missing": want["missing"],
+                    "received": want["received"] + answer["received"]}
+        try:
+            wants = self._all(f"pushing the {what}", plans, ask)
+            on_answers(wants)
+            return self._all(f"sending {what} files", plans, send)
+        finally:
+            for exchange in exchanges.values():
+                exchange.close()
+
+    def free_ports(self, plan: RunPlan) -> dict[int, int]:
+        """A free port per task, distinct across the whole cluster: TensorFlow binds every
+        interface, so two hosts that are one machine (a loopback lab) must not share one."""
+        answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
+            t.run(hp.ports.line, stdin=HOSTCHECK_SOURCE.read_bytes(), timeout=60), hp.host,
+            "port probe"))
+        try:
+            chosen = assign_ports([(hp.host, len(hp.tasks)) for hp in plan.hosts],
+                                  {name: answer["ports"] for name, answer in answers.items()})
+        except ValueError as exc:
+            raise StepFailed(str(exc)) from None
+        return ports_by_task(plan, chosen)
+
+    def launch(self, plan: RunPlan, attempt: int = 1) -> None:
+        def start(hp: HostPlan, t: Transport) -> None:
+            for task in hp.tasks:
+                values = {k: v.value for k, v in task.env.items()}
+                # The attempt (1, then 2... under --restarts) also tells the agent to set the
+                # previous attempt's files aside and mark the log.
+                env = json.dumps({"env": {**values, "TFDEPLOY_ATTEMPT": str(attempt)}})
+                agent_json(t.run(task.launch.line, stdin=env.encode(), timeout=60),
+                           hp.host, f"starting {task.name}")
+        self._all("starting tasks", plan.hosts, start)
+
+    def poll(self, plan: RunPlan, offsets: Mapping[int, int]):
+        """One answer per host: (answers by task index, errors by host name). Used for the
+        last read of the logs after a stop; live following goes through follow.py."""
+        def ask(hp: HostPlan, t: Transport) -> dict:
+            mine = {task.index: offsets[task.index] for task in hp.tasks}
+            return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine), timeout=30),
+                              hp.host, "poll")["tasks"]
+        results, errors = self._each(plan.hosts, ask)
+        answers = {int(i): doc for tasks in results.values() for i, doc in tasks.items()}
+        return answers, errors
+
+    def stop(self, plan: RunPlan) -> dict[str, str]:
+        """TERM every task's process group, KILL after the grace period. Returns a problem per
+        host: survivors, or no answer (nothing is assumed gone that was not seen gone)."""
+        return self._ending(plan, lambda hp: stop_command(hp.host, hp.run_dir, plan.options.grace))
+
+    def cleanup(self, plan: RunPlan) -> dict[str, str]:
+        """Stop, then delete each host's run directory; problems by host, as for stop."""
+        return self._ending(plan, lambda hp: cleanup_command(hp.host, hp.run_dir, plan.options.grace))
+
+    def _ending(self, plan: RunPlan, command) -> dict[str, str]:
+        results, errors = self._each(plan.hosts, lambda hp, t: agent_json(
+            t.run(command(hp), timeout=plan.options.grace + 60), hp.host, "teardown"))
+        problems = {name: str(error) for name, error in errors.items()}
+        for name, doc in results.items():
+            if doc.get("survivors"):
+                pids = ", ".join(map(str, doc["survivors"]))
+                problems[name] = f"{name}: processes of the run still alive after SIGKILL: {pids}"
+        return problems
+
+    def fetch_output(self, plan: RunPlan, into: Path) -> int:
+        """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into`; return the number of files."""
+        hp = plan.chief_host
+        result = checked(self.transports[hp.host.name].run(
+            fetch_output_command(hp.run_dir), timeout=600), hp.host, "fetching output")
+        if not result.stdout:
+            return 0
+        into.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:gz") as tar:
+            tar.extractall(into, filter="data")
+            return sum(1 for m in tar.getmembers() if m.isfile())
+
+    def carry_backup(self, plan: RunPlan) -> int:
+        """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
+        bare machines; BackupAndRestore restores every worker from the chief's backup).
+        Returns the size of the archive carried."""
+        chief = plan.chief_host
+        data = checked(self.transports[chief.host.name].run(
+            fetch_backup_command(chief.run_dir), timeout=600), chief.host, "fetching the backup"
+        ).stdout or _empty_tar_gz()
+        others = [hp for hp in plan.hosts if hp is not chief]
+        self._all("carrying the backup", others, lambda hp, t: checked(
+            t.run(replace_backup_command(hp.run_dir), stdin=data, timeout=600), hp.host,
+            "replacing the backup"))
+        return len(data)
+
+
+def _empty_tar_gz() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz"):
+        pass
+    return buf.getvalue()

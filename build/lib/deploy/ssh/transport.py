@@ -1,0 +1,308 @@
+"""One interface for running commands on a host, with two implementations: SSH (one Fabric
+connection per host, reused for every step; see sshlogin.py) and local subprocesses for
+`transport: local`.
+
+Both run a command line in a POSIX shell, feed it bytes on stdin and return its exit code and
+output as bytes, so the executor never knows which kind of host it talks to.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Union
+
+import paramiko
+
+from deploy.errors import Failure
+from deploy.inventory.model import Host
+from deploy.ssh.login import HostLogin, LoginFailed
+
+# What a command reads on stdin: bytes, or pieces of bytes sent in order as they come (a
+# large stream need never be joined in memory).
+Stdin = Union[bytes, Iterable[bytes]]
+
+
+def pieces(stdin: Stdin) -> Iterable[bytes]:
+    return (stdin,) if isinstance(stdin, (bytes, bytearray, memoryview)) else stdin
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    code: int
+    stdout: bytes
+    stderr: bytes
+
+    def error_text(self) -> str:
+        text = (self.stderr or self.stdout).decode("utf-8", "replace").strip()
+        return text.splitlines()[-1] if text else f"exit code {self.code}"
+
+
+class TransportError(Failure):
+    """The host could not be reached or the command could not be run at all."""
+
+
+class Transport(Protocol):
+    host: Host
+
+    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult: ...
+
+    def exchange(self, line: str, timeout: float | None = 60.0) -> "Exchange": ...
+
+    def stream(self, line: str) -> "LineStream": ...
+
+    def close(self) -> None: ...
+
+
+class Exchange(Protocol):
+    """A command that is answered while its stdin is still open: send, read a line of its
+    answer, send more, then finish() for the rest of its output and its exit code."""
+
+    def settimeout(self, timeout: float | None) -> None: ...
+
+    def send(self, stdin: Stdin) -> None: ...
+
+    def readline(self) -> bytes: ...
+
+    def finish(self) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+class LineStream(Protocol):
+    """Output lines of a long-running command, read as they come; close() abandons it."""
+
+    def __iter__(self): ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalStream:
+    def __init__(self, line: str):
+        # Its own session, so that closing it ends exactly this command and its children.
+        self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdout=subprocess.PIPE,
+                                     stdin=subprocess.PIPE, start_new_session=True,
+                                     cwd=os.path.expanduser("~"))
+
+    def __iter__(self):
+        return iter(self.proc.stdout)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise TransportError(f"local stream: {exc}") from None
+
+    def close(self) -> None:
+        _end(self.proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a command started in a session of its own (SIGTERM to that group if it still runs),
+    wait for it and close its pipes."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+class LocalExchange:
+    def __init__(self, line: str, label: str):
+        self.label = label
+        self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, cwd=os.path.expanduser("~"))
+        self.timeout: float | None = None
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def send(self, stdin: Stdin) -> None:
+        try:
+            for piece in pieces(stdin):
+                self.proc.stdin.write(piece)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it stopped reading (failed): finish() tells why
+
+    def readline(self) -> bytes:
+        return self.proc.stdout.readline()
+
+    def finish(self) -> CommandResult:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        # Our commands write little to stderr, so reading stdout first cannot stall.
+        out, err = self.proc.stdout.read(), self.proc.stderr.read()
+        try:
+            code = self.proc.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            raise TransportError(
+                f"{self.label}: command timed out after {self.timeout:g} s") from None
+        return CommandResult(code, out, err)
+
+    def close(self) -> None:
+        _end(self.proc)
+
+
+class SshExchange:
+    def __init__(self, channel: paramiko.Channel, label: str, timeout: float | None):
+        self.channel, self.label = channel, label
+        self.channel.settimeout(timeout)
+        self.timeout = timeout
+        self.out = channel.makefile("rb")
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.channel.settimeout(timeout)
+
+    @contextmanager
+    def _errors(self):
+        try:
+            yield
+        except socket.timeout:
+            raise TransportError(
+                f"{self.label}: command timed out after {self.timeout:g} s") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def send(self, stdin: Stdin) -> None:
+        """Every piece through memoryviews: paramiko's sendall re-copies the unsent rest after
+        every packet (quadratic in the size), and a bytes copy per slice costs as much as the
+        encryption. A command that stopped reading (it failed) closes the channel: sending
+        stops, and finish() gives its exit code and message."""
+        with self._errors():
+            for piece in pieces(stdin):
+                view = memoryview(piece)
+                while view:
+                    sent = self.channel.send(view)
+                    if not sent:
+                        return
+                    view = view[sent:]
+
+    def readline(self) -> bytes:
+        with self._errors():
+            return self.out.readline()
+
+    def finish(self) -> CommandResult:
+        with self._errors():
+            self.channel.shutdown_write()
+            # Our commands write little to stderr, so reading stdout first cannot stall.
+            out = self.out.read()
+            err = self.channel.makefile_stderr("rb").read()
+            return CommandResult(self.channel.recv_exit_status(), out, err)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class SshStream:
+    def __init__(self, channel: paramiko.Channel, label: str):
+        self.channel, self.label = channel, label
+        self.file = channel.makefile("rb")
+
+    def __iter__(self):
+        try:
+            yield from self.file
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class LocalTransport:
+    def __init__(self, host: Host):
+        self.host = host
+
+    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
+        try:
+            done = subprocess.run(["/bin/sh", "-c", line], input=b"".join(pieces(stdin)),
+                                  capture_output=True,
+                                  timeout=timeout, cwd=os.path.expanduser("~"))
+        except subprocess.TimeoutExpired:
+            raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
+        exchange = LocalExchange(line, self.host.label)
+        exchange.settimeout(timeout)
+        return exchange
+
+    def stream(self, line: str) -> LineStream:
+        return LocalStream(line)
+
+    def close(self) -> None:
+        pass
+
+
+class SshTransport:
+    """One SSH login per host, reused for every step (deploy/sshlogin.py: gateways, keys)."""
+
+    def __init__(self, host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
+        self.host = host
+        try:
+            self.login = HostLogin(host, connect_timeout,
+                                   accept_new_host_keys or host.host_key_policy == "accept-new")
+        except LoginFailed as exc:
+            raise TransportError(str(exc)) from None
+        self.connection = self.login.connection
+
+    def _channel(self) -> paramiko.Channel:
+        try:
+            return self.connection.client.get_transport().open_session(timeout=10)
+        except (paramiko.SSHException, AttributeError, EOFError, OSError) as exc:
+            raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
+
+    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
+        exchange = self.exchange(line, timeout)
+        try:
+            exchange.send(stdin)
+            return exchange.finish()
+        finally:
+            exchange.close()
+
+    def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
+        channel = self._channel()
+        try:
+            channel.exec_command(line)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            channel.close()
+            raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
+        return SshExchange(channel, self.host.label, timeout)
+
+    def stream(self, line: str) -> LineStream:
+        channel = self._channel()
+        channel.exec_command(line)
+        # stdin stays open: the follower takes commands on it (a fast stop).
+        return SshStream(channel, self.host.label)
+
+    def close(self) -> None:
+        self.login.close()
+
+
+def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:
+    if host.transport == "local":
+        return LocalTransport(host)
+    return SshTransport(host, connect_timeout, accept_new_host_keys)

@@ -1,0 +1,141 @@
+"""What the controller knows about each task, updated from the agent's poll answers.
+
+Pure: it turns poll documents into complete log lines, states and metrics; printing and
+networking live elsewhere.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+
+FINAL_STATES = ("exited", "lost")
+
+
+@dataclass
+class TaskProgress:
+    index: int
+    host: str
+    state: str = "pending"
+    code: int | None = None
+    pid: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    offset: int = 0
+    size: int = 0
+    epoch: int | None = None
+    loss: float | None = None
+    losses: list[float] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    first_step: bool = False
+    speaks_events: bool = False      # printed any {"event": ...} line
+    partial: bytes = b""
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"worker-{self.index}"
+
+    @property
+    def finished(self) -> bool:
+        """Ended, and every byte of its log read."""
+        return self.state in FINAL_STATES and self.offset >= self.size
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "lost" or (self.state == "exited" and self.code != 0)
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None or self.ended is None:
+            return None
+        return self.ended - self.started
+
+    def update(self, doc: dict, tail_lines: int = 40) -> tuple[bytes, list[str]]:
+        """Apply one poll answer; return (raw new bytes, new complete lines)."""
+        self.state = doc.get("state", self.state)
+        for key in ("code", "pid", "started", "ended"):
+            if key in doc:
+                setattr(self, key, doc[key])
+        data = base64.b64decode(doc.get("data", ""))
+        self.offset = doc.get("offset", self.offset)
+        self.size = doc.get("size", self.size)
+        lines = self.feed(data)
+        # A task that ended without a final newline still gets its last line shown.
+        if self.finished and self.partial:
+            lines.append(self.partial.decode("utf-8", "replace"))
+            self.partial = b""
+        for line in lines:
+            self.observe(line)
+        self.tail = (self.tail + lines)[-tail_lines:]
+        return data, lines
+
+    def replay(self, data: bytes, tail_lines: int = 40) -> list[str]:
+        """Take in a local copy of the log (a reattaching controller): the metrics and losses
+        it holds, and the offset from which the host has more."""
+        lines = self.feed(data)
+        for line in lines:
+            self.observe(line)
+        self.tail = (self.tail + lines)[-tail_lines:]
+        self.offset = self.size = len(data)
+        return lines
+
+    def new_attempt(self) -> None:
+        """The task is launched again (--restarts): a fresh state, the same log and offset."""
+        self.state, self.code, self.pid, self.started, self.ended = "pending", None, None, None, None
+        self.first_step = False
+
+    def feed(self, data: bytes) -> list[str]:
+        chunks = (self.partial + data).split(b"\n")
+        self.partial = chunks.pop()
+        return [c.rstrip(b"\r").decode("utf-8", "replace") for c in chunks]
+
+    def observe(self, line: str) -> None:
+        event = parse_event(line)
+        if not event:
+            return
+        self.speaks_events = True
+        kind = event.get("event")
+        if kind == "first_step":
+            self.first_step = True
+        elif kind == "resumed" and isinstance(event.get("epoch"), int):
+            # Training goes on after the last backed-up epoch: the losses of epochs after
+            # it (from a failed attempt) are replaced by the new attempt's.
+            del self.losses[event["epoch"]:]
+        elif kind == "epoch":
+            self.first_step = True
+            self.epoch = event.get("epoch")
+            loss = event.get("loss")
+            if isinstance(loss, (int, float)):
+                self.loss = float(loss)
+                self.losses.append(float(loss))
+            self.metrics = {k: v for k, v in event.items()
+                            if k not in ("event", "task", "epoch") and isinstance(v, (int, float))}
+
+
+def parse_event(line: str) -> dict | None:
+    """The payload's JSON metrics line, or None for ordinary log output."""
+    line = line.strip()
+    if not (line.startswith("{") and line.endswith("}")):
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and "event" in doc else None
+
+
+def losses_agree(tasks: list[TaskProgress], rel_tol: float = 1e-6) -> bool | None:
+    """True when every task printed the same loss each epoch: training was synchronous.
+    None when there is nothing to compare (one task, or no losses)."""
+    series = [t.losses for t in tasks if t.losses]
+    if len(tasks) < 2 or len(series) < 2:
+        return None
+    if len({len(s) for s in series}) != 1:
+        return False
+    for values in zip(*series):
+        ref = values[0]
+        # Written as "not close" so that a NaN loss never counts as agreeing.
+        if not all(abs(v - ref) <= rel_tol * max(1.0, abs(ref)) for v in values):
+            return False
+    return True

@@ -1,0 +1,327 @@
+"""The local run record: runs/<run-id>/record.json, what a new controller needs to reach a run.
+
+A run outlives the shell that started it, so everything needed to find its hosts and tasks
+again is kept here: each host's connection fields, the run directories, ports and endpoints,
+the options and the run's state. The inventory file may have changed or be gone by then.
+
+This module alone reads and writes the file: a RunRecord is a frozen value, its state an
+Enum, and a file is validated when it is read, so a damaged or foreign record.json is refused
+with its path named instead of failing somewhere later.
+
+No environment value is stored, secret or not: values are needed only to launch, and a
+record that never holds any cannot leak one. Re-planning from a record gives the same run
+directories, endpoints and commands (the planner is pure), with only tfdeploy's own variables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import fcntl
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deploy.errors import BadInput
+from deploy.inventory.datasource import DataSource
+from deploy.inventory.model import Host, Inventory
+from deploy.inventory.sshconfig import Hop
+from deploy.plan.planner import Options, RunPlan, plan_run
+from deploy.state import localdir
+
+RECORD_FILE = localdir.RECORD
+VERSION = 1
+# A record is read back at most this large: anything bigger is not one of ours.
+MAX_RECORD_BYTES = 16 << 20
+# The connection fields of a host; `env` is deliberately not among them.
+HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
+               "host_key_policy", "python", "workdir", "cluster_address", "workers",
+               "own_python", "gpus", "data", "ssh_config", "jump", "target", "via")
+# What new_run_id makes: a run id names directories here and on every host.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class RecordError(BadInput):
+    pass
+
+
+class RunState(enum.Enum):
+    STARTING = "starting"        # being pushed and launched
+    RUNNING = "running"          # a controller follows it
+    DETACHED = "detached"        # running with no controller following it
+    FINISHED = "finished"        # its tasks ended and it was torn down
+    INTERRUPTED = "interrupted"  # stopped by Ctrl-C or a signal
+    DOWN = "down"                # stopped by `inv down`
+
+    @property
+    def active(self) -> bool:
+        """Whether its tasks and run directories may still be on its hosts."""
+        return self in (RunState.STARTING, RunState.RUNNING, RunState.DETACHED)
+
+
+@dataclass(frozen=True)
+class RecordedTask:
+    index: int
+    name: str
+    host: str
+    port: int | None
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    started: float
+    state: RunState
+    options: Options
+    hosts: tuple[Host, ...]          # as resolved at launch, without their env
+    run_dirs: tuple[str, ...]        # each host's run directory, for the reader of the file
+    tasks: tuple[RecordedTask, ...]
+    controller_pid: int | None = None
+    attempt: int = 1
+    restarts: int = 0
+    exit_code: int | None = None
+    ended: float | None = None
+
+    @classmethod
+    def of(cls, plan: RunPlan, state: RunState, started: float, **fields) -> "RunRecord":
+        return cls(run_id=plan.run_id, started=started, state=state, options=plan.options,
+                   controller_pid=fields.pop("controller_pid", os.getpid()),
+                   **_planned(plan), **fields)
+
+    def replanned(self, plan: RunPlan) -> "RunRecord":
+        """The same run with the hosts, ports and options of a new plan (a relaunch)."""
+        return dataclasses.replace(self, options=plan.options, **_planned(plan))
+
+    def plan(self, where: str = "record") -> RunPlan:
+        """The run's plan again: same hosts, run dirs, ports and commands."""
+        ports = {t.index: t.port for t in self.tasks}
+        plan = plan_run(Inventory(path=where, hosts=self.hosts), self.options, self.run_id,
+                        ports)
+        recorded = [(t.index, t.endpoint) for t in self.tasks]
+        if [(t.index, t.endpoint) for t in plan.tasks] != recorded:
+            raise RecordError(f"{where}: its hosts and tasks do not match (edited by hand?)")
+        return plan
+
+    def controller_alive(self) -> bool:
+        """Whether the controller that last followed the run still runs (on this machine)."""
+        pid = self.controller_pid
+        if not pid or pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def shown_state(self) -> str:
+        if self.state is RunState.FINISHED:
+            return f"finished (exit {self.exit_code})"
+        if self.state is RunState.RUNNING and not self.controller_alive():
+            return "running (no controller)"
+        return self.state.value
+
+    def started_text(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+
+    def document(self) -> dict:
+        return {
+            "version": VERSION,
+            "run_id": self.run_id,
+            "started": self.started,
+            "state": self.state.value,
+            "controller_pid": self.controller_pid,
+            "options": dataclasses.asdict(self.options) | {"args": list(self.options.args)},
+            "hosts": [{**{k: _stored(getattr(host, k)) for k in HOST_FIELDS}, "run_dir": rundir}
+                      for host, rundir in zip(self.hosts, self.run_dirs)],
+            "tasks": [dataclasses.asdict(t) for t in self.tasks],
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "exit_code": self.exit_code,
+            "ended": self.ended,
+        }
+
+    @classmethod
+    def from_document(cls, doc: Any, where: str) -> "RunRecord":
+        """The record a file holds, or RecordError naming the file and what is wrong."""
+        def fail(message: str) -> RecordError:
+            return RecordError(f"{where}: not a usable tfdeploy run record: {message}")
+        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+            raise RecordError(f"{where}: not a tfdeploy run record of version {VERSION}")
+        run_id = doc.get("run_id")
+        if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+            raise fail(f"run_id {run_id!r} is not a run id")
+        try:
+            state = RunState(doc.get("state"))
+        except ValueError:
+            raise fail(f"unknown state {doc.get('state')!r}") from None
+        try:
+            hosts = doc["hosts"]
+            if not isinstance(hosts, list) or not hosts:
+                raise fail("'hosts' must be a non-empty list")
+            return cls(
+                run_id=run_id, started=_number(doc["started"], "started", fail), state=state,
+                options=_options(doc["options"]),
+                hosts=tuple(_host({k: h[k] for k in HOST_FIELDS if k in h}) for h in hosts),
+                run_dirs=tuple(str(h.get("run_dir", "")) for h in hosts),
+                tasks=tuple(RecordedTask(**t) for t in doc["tasks"]),
+                controller_pid=doc.get("controller_pid"),
+                attempt=int(doc.get("attempt") or 1), restarts=int(doc.get("restarts") or 0),
+                exit_code=doc.get("exit_code"), ended=doc.get("ended"))
+        except RecordError:
+            raise
+        except KeyError as exc:
+            raise fail(f"field {exc.args[0]!r} is missing") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise fail(str(exc)) from None
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Atomically: a reader (another shell's `inv runs`) sees the old or the new file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def write_record(run_dir: Path, record: RunRecord) -> None:
+    write_json(run_dir / RECORD_FILE, record.document())
+
+
+def update_record(run_dir: Path, **changes) -> RunRecord:
+    """The record on disk with `changes` (RunRecord fields), written back."""
+    record = dataclasses.replace(load_record(run_dir), **changes)
+    write_record(run_dir, record)
+    return record
+
+
+def load_record(run_dir: Path) -> RunRecord:
+    path = run_dir / RECORD_FILE
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no run record (not a run started by this version of "
+                          "tfdeploy, or not a run directory)") from None
+    except OSError as exc:
+        raise RecordError(f"{path}: unreadable run record: {exc}") from None
+    if len(raw) > MAX_RECORD_BYTES:
+        raise RecordError(f"{path}: unreadable run record: larger than "
+                          f"{MAX_RECORD_BYTES >> 20} MiB")
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise RecordError(f"{path}: unreadable run record: {exc}") from None
+    return RunRecord.from_document(doc, str(path))
+
+
+def list_records(runs_dir: Path) -> list[RunRecord]:
+    """Every readable record below `runs_dir`, oldest first."""
+    found = []
+    if runs_dir.is_dir():
+        for entry in runs_dir.iterdir():
+            if (entry / RECORD_FILE).is_file():
+                try:
+                    found.append(load_record(entry))
+                except RecordError:
+                    continue
+    return sorted(found, key=lambda r: (r.started, r.run_id))
+
+
+def find_run(runs_dir: Path, run_id: str | None) -> Path:
+    """The directory of run `run_id` (a unique prefix will do), or of the newest run."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise RecordError(f"runs directory {runs_dir} is not a directory")
+    if run_id:
+        exact = runs_dir / run_id
+        if RUN_ID.match(run_id) and (exact / RECORD_FILE).is_file():
+            return exact
+        matches = [r.run_id for r in list_records(runs_dir) if r.run_id.startswith(run_id)]
+        if len(matches) == 1:
+            return runs_dir / matches[0]
+        if matches:
+            raise RecordError(f"run {run_id!r} is ambiguous in {runs_dir}: {', '.join(matches)}")
+        raise RecordError(f"no run {run_id!r} in {runs_dir} (see: inv runs --runs-dir {runs_dir})")
+    records = list_records(runs_dir)
+    if not records:
+        raise RecordError(f"no runs recorded in {runs_dir}")
+    return runs_dir / records[-1].run_id
+
+
+class FollowLock:
+    """One controller at a time writes a run's local logs: a second one would append the same
+    bytes again. An flock is released by the kernel when its holder dies, even by SIGKILL."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / localdir.FOLLOW_LOCK
+        self.file = None
+
+    def acquire(self) -> bool:
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            self.file = None
+            return False
+        return True
+
+    def release(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+
+
+def _planned(plan: RunPlan) -> dict:
+    return {"hosts": tuple(hp.host for hp in plan.hosts),
+            "run_dirs": tuple(hp.run_dir for hp in plan.hosts),
+            "tasks": tuple(RecordedTask(t.index, t.name, t.host.name, t.port, t.endpoint)
+                           for t in plan.tasks)}
+
+
+def _number(value, field: str, fail) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(f"{field!r} must be a number")
+    return float(value)
+
+
+def _options(fields: dict) -> Options:
+    return Options(payload=fields["payload"], entry=fields["entry"], args=tuple(fields["args"]),
+                   grace=float(fields["grace"]),
+                   requirements_sha256=fields["requirements_sha256"],
+                   backup=bool(fields["backup"]))
+
+
+def _stored(value):
+    """The resolved SSH logins (Hop) and the data source (with its tree hash: the same
+    TFDEPLOY_DATA_DIR on re-plan) as plain mappings; everything else is JSON already."""
+    if isinstance(value, DataSource):
+        return value.document()
+    if isinstance(value, Hop):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple) and value and isinstance(value[0], Hop):
+        return [dataclasses.asdict(hop) for hop in value]
+    return value
+
+
+def _hop(fields: dict) -> Hop:
+    return Hop(**{**fields, "identity_files": tuple(fields["identity_files"])})
+
+
+def _host(fields: dict) -> Host:
+    """A host as recorded: the same resolved logins and gateways, whatever the ssh config
+    says now. (A record written before a field existed gets that field's default.)"""
+    gpus, target = fields.get("gpus"), fields.get("target")
+    return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus,
+                   "data": DataSource.of(fields.get("data")),
+                   "target": _hop(target) if target else None,
+                   "via": tuple(_hop(h) for h in fields.get("via") or ())})

@@ -1,0 +1,266 @@
+"""Invoke tasks: parse flags, call deploy/, turn outcomes into exit codes. Nothing else.
+
+`inv` runs them in this checkout; the installed `tfdeploy` command is the same collection
+(main() below, an Invoke Program as Fabric's `fab` is), usable from any directory.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+from invoke import Collection, Exit, Program, task
+from rich.console import Console
+from rich.text import Text
+
+from deploy.errors import BadInput, TfdeployError
+from deploy.inventory.builtin import chosen_inventory
+from deploy.inventory.model import Inventory
+from deploy.plan.command import split_args
+from deploy.plan.lints import refuse_problems
+from deploy.plan.planner import Options, plan_run
+from deploy.plan.text import plan_text
+from deploy.run.check import check_hosts, report_view
+from deploy.run.launch import train as run_training
+from deploy.run.reattach import down as stop_run
+from deploy.run.reattach import list_runs
+from deploy.run.reattach import logs as show_logs
+from deploy.run.reattach import status as show_status
+from deploy.run.run import RunSettings
+from deploy.run.setup import requirements_hash
+from deploy.run.setup import setup as setup_envs
+from deploy.state.record import new_run_id
+
+HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
+              "inventory: two workers on localhost)")
+
+SSH_HELP = {
+    "connect_timeout": "seconds to wait for each SSH connection (default: 10; 0: no limit)",
+    "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
+                            "always refused)",
+}
+
+
+@contextmanager
+def reported(console: Console):
+    """Expected errors as one red line; exit status 2 for bad input (nothing was touched),
+    1 for a failure, 130 for Ctrl-C before a run had started (later ones the run handles)."""
+    try:
+        yield
+    except TfdeployError as exc:
+        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise Exit(code=exc.exit_code)
+    except KeyboardInterrupt:
+        console.print("interrupted", style="yellow")
+        raise Exit(code=130)
+
+
+def exit_with(code: int | None) -> None:
+    if code:
+        raise Exit(code=code)
+
+
+def seconds(flag: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:
+        raise BadInput(f"{flag} takes a number of seconds, not {value!r}")
+    return number
+
+
+def count(flag: str, value: str) -> int:
+    if not str(value).isdigit():
+        raise BadInput(f"{flag} takes a whole number, not {value!r}")
+    return int(value)
+
+
+def inventory(console: Console, hosts: str) -> Inventory:
+    chosen, note = chosen_inventory(hosts)
+    if note:
+        console.print(note, style="yellow")
+    return chosen
+
+
+def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
+    chosen = inventory(console, hosts)
+    refuse_problems(chosen, Path(payload))
+    return chosen
+
+
+@task(help={
+    "hosts": HOSTS_HELP,
+    "payload": "directory pushed to every host (default: payload/)",
+    "entry": "script inside the payload that each task runs (default: train.py)",
+    "args": "arguments for the script, split like a shell would, e.g. \"--epochs 5\"",
+    "dry_run": "print the plan (per host: commands, environment, TF_CONFIG) and touch nothing",
+    "runs_dir": "where local run records go: logs, summary.json, artifacts (default: runs/)",
+    **SSH_HELP,
+    "start_timeout": "seconds for every task to reach its first training step before the run "
+                     "is torn down (default: 120; 0: no watchdog)",
+    "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
+    "no_check": "skip the checks of `inv check` (versions, disk, ports, TCP mesh) before "
+                "starting",
+    "detach": "return once every task has started, leaving the run on its hosts; print its "
+              "id and the commands to follow (inv logs), inspect (inv status), stop (inv down)",
+    "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
+                "the chief's BackupAndRestore state, up to N times (default: 0)",
+})
+def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
+          runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
+          start_timeout="120", no_check=False, detach=False, restarts="0"):
+    """Train across the inventory's hosts: push, start, stream logs, tear down.
+
+    Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
+    input (nothing started anywhere); 130 after Ctrl-C.
+    """
+    console = Console(highlight=False)
+    with reported(console):
+        chosen = linted_inventory(console, hosts, payload)
+        options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
+                          grace=seconds("--grace", grace),
+                          requirements_sha256=requirements_hash(Path(payload)),
+                          backup=count("--restarts", restarts) > 0)
+        if dry_run:
+            console.print(plan_text(plan_run(chosen, options, new_run_id())), markup=False,
+                          end="")
+            return
+        if detach and count("--restarts", restarts):
+            raise BadInput("--restarts needs the controller that relaunches the run: it "
+                             "cannot be combined with --detach")
+        settings = RunSettings(runs_dir=Path(runs_dir),
+                               connect_timeout=seconds("--connect-timeout", connect_timeout),
+                               accept_new_host_keys=accept_new_host_keys,
+                               start_timeout=seconds("--start-timeout", start_timeout),
+                               check=not no_check,
+                               restarts=count("--restarts", restarts), detach=detach)
+        code = run_training(chosen, options, settings, console)
+    exit_with(code)
+
+
+@task(help={
+    "hosts": HOSTS_HELP,
+    "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
+    **SSH_HELP,
+})
+def check(c, hosts="", payload="payload", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Check that every host is ready to train; writes nothing on any host.
+
+    SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
+    free ports for its tasks, then the TCP mesh: every task's port reachable from every host.
+
+    Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
+    """
+    console = Console(highlight=False)
+    with reported(console):
+        chosen = linted_inventory(console, hosts, payload)
+        timeout = seconds("--connect-timeout", connect_timeout)
+        with console.status(f"checking {len(chosen.hosts)} host(s)…"):
+            report = check_hosts(chosen, timeout, accept_new_host_keys,
+                                 requirements_hash(Path(payload)))
+    console.print(report_view(report))
+    exit_with(0 if report.ok else 1)
+
+
+@task(help={
+    "hosts": HOSTS_HELP,
+    "payload": "directory whose requirements.txt is installed (default: payload/)",
+    "wheelhouse": "local directory of wheels, pushed and installed with pip --no-index "
+                  "(for hosts without internet)",
+    **SSH_HELP,
+})
+def setup(c, hosts="", payload="payload", wheelhouse="", connect_timeout="10",
+          accept_new_host_keys=False):
+    """Build the payload's virtual environment on every host (reused when unchanged).
+
+    Environments live in <workdir>/envs/<key>, keyed by requirements.txt and the host's python;
+    `inv train` runs tasks with it unless the inventory names the host's own `python`.
+    """
+    console = Console(highlight=False)
+    with reported(console):
+        code = setup_envs(inventory(console, hosts), Path(payload),
+                          Path(wheelhouse) if wheelhouse else None,
+                          seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
+                          console)
+    exit_with(code)
+
+
+RUN_HELP = {
+    # A flag, not a positional: Invoke has no optional positional arguments.
+    "run": "run id, or a unique prefix of one (default: the newest run in the runs dir)",
+    "runs_dir": "where the local run records are (default: runs/)",
+    **SSH_HELP,
+}
+
+
+def run_task(action, connect_timeout="10", accept_new_host_keys=False, **settings) -> None:
+    """Call a run-management action with its settings; errors and codes as `train` has them."""
+    console = Console(highlight=False)
+    with reported(console):
+        code = action(console, RunSettings(
+            connect_timeout=seconds("--connect-timeout", connect_timeout),
+            accept_new_host_keys=accept_new_host_keys, **settings))
+    exit_with(code)
+
+
+@task(help={"runs_dir": RUN_HELP["runs_dir"]})
+def runs(c, runs_dir="runs"):
+    """List the local run records (oldest first, newest last).
+
+    One row per run: id, start time, hosts, tasks and state (starting, running, detached,
+    finished with its exit code, interrupted, down)."""
+    run_task(lambda console, _: list_runs(Path(runs_dir), console))
+
+
+@task(help=RUN_HELP)
+def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
+    """Show every task of a run as its host sees it now.
+
+    State, pid, exit code, last epoch, loss and metrics. An ended run is shown from its
+    local records."""
+    run_task(lambda console, s: show_status(Path(runs_dir), run or None, s, console),
+             connect_timeout, accept_new_host_keys)
+
+
+@task(help={**RUN_HELP,
+            "follow": "keep following, with the live view of inv train, until the run ends; "
+                      "then fetch artifacts, write summary.json and tear the run down. "
+                      "Ctrl-C stops following only: the run goes on",
+            "task": "print only task N's lines (every task's log is still kept locally)",
+            "start_timeout": "with --follow: seconds for every task to reach its first "
+                             "training step before the run is torn down (default: 0, off)"})
+def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
+         accept_new_host_keys=False, start_timeout="0"):
+    """Print a run's logs; with --follow, reattach until the run ends.
+
+    First the local copy, then what the hosts wrote since (nothing twice); the local copy
+    is completed on the way."""
+    def action(console, settings):
+        only = None if task is None else count("--task", task)
+        return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
+    run_task(action, connect_timeout, accept_new_host_keys,
+             start_timeout=seconds("--start-timeout", start_timeout))
+
+
+@task(help=RUN_HELP)
+def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
+    """Stop a run on every host and remove it there.
+
+    Fetches the chief's artifacts, sends SIGTERM to every task's process group, SIGKILL after
+    the run's grace, checks every host for survivors (reported loudly, exit 1) and removes
+    the run directories. Only this run's processes and directories are touched."""
+    run_task(lambda console, s: stop_run(Path(runs_dir), run or None, s, console),
+             connect_timeout, accept_new_host_keys)
+
+
+def main() -> None:
+    """The installed `tfdeploy` command: these tasks, from any directory."""
+    Program(name="tfdeploy", binary="tfdeploy", version=metadata.version("tfdeploy"),
+            namespace=Collection.from_module(sys.modules[__name__])).run()
+
+
+if __name__ == "__main__":
+    main()
