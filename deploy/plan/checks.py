@@ -9,8 +9,8 @@ from pathlib import Path
 
 import deploy.host.check
 from deploy.inventory.model import Host
-from deploy.plan.command import join, quote, quote_path
-from deploy.plan.planner import SPARE_PORTS, assign_ports
+from deploy.plan.command import Command, HostPath, Shell
+from deploy.plan.planner import CHECK_STDIN, SPARE_PORTS, assign_ports
 
 HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to
@@ -58,23 +58,24 @@ def tf_label(host: Host) -> str:
     return f"{host.name} ({host.tf_address})"
 
 
-def probe_command(host: Host, env_python: str | None = None) -> str:
+def probe_command(host: Host, env_python: str | None = None) -> Command:
     """The host's python reads hostcheck.py from stdin: nothing is written on the host.
     With `env_python` (the environment of `inv setup`), that one answers where it exists,
     since it is what the tasks will run."""
-    args = ["-I", "-", "probe", quote_path(host.workdir), str(host.workers + SPARE_PORTS)]
+    args = ("-I", "-", "probe", HostPath(host.workdir), str(host.workers + SPARE_PORTS))
     if host.data is not None and host.data.kind == "remote":
-        args.append(quote_path(host.data.path))     # tasks will read it: can they?
-    probe = join([quote_path(host.python), *args])
-    if not env_python:
-        return probe
-    env = quote_path(env_python)
-    return f"if [ -x {env} ]; then {join([env, *args])}; else {probe}; fi"
+        args += (HostPath(host.data.path),)     # tasks will read it: can they?
+    python = HostPath(host.python)
+    if env_python:
+        env = HostPath(env_python)
+        return Command((Shell("if [ -x"), env, Shell("]; then"), env, *args, Shell("; else"),
+                        python, *args, Shell("; fi")), stdin=CHECK_STDIN)
+    return Command((python, *args), stdin=CHECK_STDIN)
 
 
-def mesh_command(host: Host, spec: dict) -> str:
-    return join([quote_path(host.python), "-I", "-", "mesh",
-                 quote(json.dumps(spec, separators=(",", ":")))])
+def mesh_command(host: Host, spec: dict) -> Command:
+    return Command((HostPath(host.python), "-I", "-", "mesh",
+                    json.dumps(spec, separators=(",", ":"))), stdin=CHECK_STDIN)
 
 
 def judge_probe(check: HostCheck, answer: dict) -> None:

@@ -1,34 +1,79 @@
-"""Quoting for values that reach a remote shell.
+"""Commands as values: what a host's shell is given, quoted in one place (Command.line).
 
-Every value is quoted as one word; nothing from an inventory or the command line is ever
-pasted into a command as shell syntax.
+A word is a value unless it says otherwise: every plain str, whether from the inventory, the
+command line or our own code, reaches the program as exactly one literal word. Two kinds of
+word are treated differently, and each is a type so that the choice is visible where the
+command is built: a HostPath keeps a leading `~/` for the host to expand, and Shell is syntax
+written in our code (`&&`, `if [ -f`, `; fi`), never built from input.
 """
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from deploy.errors import BadInput
+from deploy.inventory.model import EnvValue
 
 
-def quote(value: str) -> str:
-    if "\0" in value:
-        raise BadInput("a NUL byte cannot be passed through a shell")
-    return shlex.quote(value)
+class HostPath(str):
+    """A path on the host. A leading `~/` stays unquoted so that the host's shell expands its
+    own home (the controller's home means nothing there); the rest is a literal value."""
 
 
-def quote_path(path: str) -> str:
-    """Quote a path, leaving a leading ~/ unquoted so the host's shell expands its own home."""
-    if path == "~":
-        return "~"
-    if path.startswith("~/"):
-        rest = path[2:]
-        return "~/" + quote(rest) if rest else "~/"
-    return quote(path)
+class Shell(str):
+    """Shell syntax from our own code, put into the line as it is. Never make one from an
+    inventory, a flag or anything else that comes from outside: the host's shell would run it."""
 
 
-def join(words: list[str]) -> str:
-    """A command from words that are already quoted (or are fixed shell syntax)."""
-    return " ".join(words)
+def _quoted(word: str) -> str:
+    """The word as the line writes it, by its kind."""
+    if isinstance(word, Shell):
+        return str(word)
+    home, rest = word[:2], word[2:]
+    if isinstance(word, HostPath) and home in ("~", "~/"):
+        return home + (shlex.quote(rest) if rest else "")
+    return shlex.quote(word)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command for a host's shell: its words, the environment its program gets, and what
+    it reads on stdin. Environment values never go into the line (a process list on the host
+    would show them); they travel on stdin as JSON (env_stdin)."""
+    argv: tuple[str, ...]
+    env: Mapping[str, EnvValue] = field(default_factory=dict)
+    stdin: str = ""          # a short description of what it reads on stdin; "": nothing
+
+    def __post_init__(self):
+        # Refused when planned, before anything is sent: no argv can carry a NUL.
+        if any("\0" in word for word in self.argv):
+            raise BadInput("a NUL byte cannot be passed through a shell")
+
+    @property
+    def line(self) -> str:
+        """The command line, each word quoted as its kind says: what the transport sends."""
+        return " ".join(_quoted(word) for word in self.argv)
+
+    def shown(self) -> str:
+        """The line and, after `<`, what goes on its stdin: what --dry-run prints. Secrets are
+        only ever in env, which travels on stdin, so the line can be shown as it is."""
+        return self.line + (f"    < {self.stdin}" if self.stdin else "")
+
+    def __repr__(self) -> str:
+        # Also what a traceback or a failed test prints: secrets masked there too.
+        return f"Command({self.argv!r}, env={self.shown_env()!r}, stdin={self.stdin!r})"
+
+    def shown_env(self) -> dict[str, str]:
+        """The environment for display: secret values as ***."""
+        return {key: value.shown() for key, value in self.env.items()}
+
+    def env_stdin(self, **extra: str) -> bytes:
+        """The stdin of a command that reads its environment (the agent's launch):
+        {"env": {...}} with the real values, `extra` on top. For the wire only."""
+        values = {key: value.value for key, value in self.env.items()}
+        return json.dumps({"env": {**values, **extra}}).encode()
 
 
 def split_args(text: str) -> list[str]:

@@ -13,7 +13,7 @@ from deploy.host import layout
 from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import EnvValue, Host, Inventory
-from deploy.plan.command import join, quote, quote_path
+from deploy.plan.command import Command, HostPath, Shell
 
 # A push, run by the host's python as `-c` before the host package is there: read the stage
 # (a line with its length, then the tar.gz) unbuffered, unpack it into the run dir, and become
@@ -43,6 +43,9 @@ def framed(stage: bytes) -> bytes:
 # Ports probed beyond a host's own tasks, so that ports already given to another host that is
 # really the same machine can be skipped without asking again.
 SPARE_PORTS = 4
+# The stdin of the commands that run deploy/host/check.py without writing it on the host: the
+# port probe here, and the probe and mesh of `inv check` (checks.py).
+CHECK_STDIN = "deploy/host/check.py"
 
 
 @dataclass(frozen=True)
@@ -59,24 +62,17 @@ class Options:
 
 
 @dataclass(frozen=True)
-class RemoteCommand:
-    """A command line for a host's shell, and what it reads on stdin (never secret in argv)."""
-    line: str
-    stdin: str = ""          # a short description of the stdin, for display
-
-    def __str__(self) -> str:
-        return self.line + (f"    < {self.stdin}" if self.stdin else "")
-
-
-@dataclass(frozen=True)
 class TaskPlan:
     index: int
     host: Host
     port: int | None
     tf_config: Mapping
-    env: Mapping[str, EnvValue]
-    launch: RemoteCommand
+    launch: Command                  # its env is the task's environment
     gpus: str | None = None          # "1": CUDA_VISIBLE_DEVICES=1; "all": every GPU; None
+
+    @property
+    def env(self) -> Mapping[str, EnvValue]:
+        return self.launch.env
 
     @property
     def name(self) -> str:
@@ -91,12 +87,12 @@ class TaskPlan:
 class HostPlan:
     host: Host
     run_dir: str
-    push: RemoteCommand
-    ports: RemoteCommand
+    push: Command
+    ports: Command
     tasks: tuple[TaskPlan, ...]
     env_python: str | None = None     # used when it exists on the host, else host.python
     data_dir: str | None = None       # TFDEPLOY_DATA_DIR of its tasks
-    data_push: RemoteCommand | None = None      # local data: the push of its files
+    data_push: Command | None = None  # local data: the push of its files
 
 
 @dataclass(frozen=True)
@@ -145,16 +141,14 @@ def env_python(host: Host, requirements_sha256: str | None) -> str | None:
     return f"{env_dir(host, requirements_sha256)}/bin/python"
 
 
-def host_agent(host: Host, rundir: str, verb: str, *args: str, tail: tuple[str, ...] = ()) -> str:
-    """`<python> -I <rundir>/tfdeploy-host.zip VERB RUNDIR ARGS... [-- TAIL...]`.
-
-    `args` are paths or numbers (a leading ~/ stays for the host to expand); `tail` comes quoted.
-    """
-    words = [quote_path(host.python), "-I", quote_path(in_run(rundir, layout.HOST_ZIP)), verb,
-             quote_path(rundir), *(quote_path(a) for a in args)]
-    if tail:
-        words += ["--", *tail]
-    return join(words)
+def host_agent(host: Host, rundir: str, verb: str, *args: str,
+               tail: tuple[str, ...] = ()) -> Command:
+    """`<python> -I <rundir>/tfdeploy-host.zip VERB RUNDIR ARGS... [-- TAIL...]`: the host
+    package, unpacked by the push, doing one verb on the run. `args` and `tail` are words as
+    the caller means them: a path on the host is a HostPath."""
+    words = (HostPath(host.python), "-I", HostPath(in_run(rundir, layout.HOST_ZIP)), verb,
+             HostPath(rundir), *args)
+    return Command(words + (("--", *tail) if tail else ()))
 
 
 def task_offsets(offsets: Mapping[int, int]) -> list[str]:
@@ -162,49 +156,54 @@ def task_offsets(offsets: Mapping[int, int]) -> list[str]:
     return [f"{i}:{o}" for i, o in sorted(offsets.items())]
 
 
-def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
+def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> Command:
     return host_agent(host, rundir, "poll", *task_offsets(offsets))
 
 
-def follow_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> str:
+def follow_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> Command:
     return host_agent(host, rundir, "follow", *task_offsets(offsets))
 
 
-def stop_command(host: Host, rundir: str, grace: float) -> str:
+def stop_command(host: Host, rundir: str, grace: float) -> Command:
     return host_agent(host, rundir, "stop", f"{grace:g}")
 
 
-def cleanup_command(host: Host, rundir: str, grace: float) -> str:
+def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
     """Stop and delete the run; a host that never got the run (its push failed) has nothing
     to clean and answers so, instead of failing."""
-    agent = quote_path(in_run(rundir, layout.HOST_ZIP))
-    nothing = quote(json.dumps({"survivors": [], "absent": True}))
-    return (f"if [ -f {agent} ]; then {host_agent(host, rundir, 'cleanup', f'{grace:g}')}; "
-            f"else printf '%s\\n' {nothing}; fi")
+    cleanup = host_agent(host, rundir, "cleanup", f"{grace:g}")
+    nothing = json.dumps({"survivors": [], "absent": True})
+    return Command((Shell("if [ -f"), HostPath(in_run(rundir, layout.HOST_ZIP)), Shell("]; then"),
+                    *cleanup.argv, Shell("; else"), "printf", "%s\\n", nothing, Shell("; fi")))
 
 
-def fetch_output_command(rundir: str) -> str:
-    out = quote_path(in_run(rundir, layout.OUTPUT))
-    return f"if [ -d {out} ]; then tar -czf - -C {out} .; fi"
+def fetch_output_command(rundir: str) -> Command:
+    return tar_out(HostPath(in_run(rundir, layout.OUTPUT)))
 
 
-def fetch_backup_command(rundir: str) -> str:
+def fetch_backup_command(rundir: str) -> Command:
     """The chief's backup as tar.gz on stdout; nothing when it has none yet."""
-    backup = quote_path(in_run(rundir, layout.BACKUP))
-    return f"if [ -d {backup} ]; then tar -czf - -C {backup} .; fi"
+    return tar_out(HostPath(in_run(rundir, layout.BACKUP)))
 
 
-def replace_backup_command(rundir: str) -> str:
+def tar_out(folder: HostPath) -> Command:
+    """The folder's files as tar.gz on stdout; nothing when it does not exist."""
+    return Command((Shell("if [ -d"), folder, Shell("]; then"), "tar", "-czf", "-", "-C", folder,
+                    ".", Shell("; fi")))
+
+
+def replace_backup_command(rundir: str) -> Command:
     """Replace the host's backup with the tar.gz on stdin (an empty archive: no backup).
     Only <rundir>/backup is deleted, inside the run's own directory."""
-    backup = quote_path(in_run(rundir, layout.BACKUP))
-    return f"rm -rf {backup} && mkdir -p {backup} && tar -xzf - -C {backup}"
+    backup = HostPath(in_run(rundir, layout.BACKUP))
+    return Command(("rm", "-rf", backup, Shell("&&"), "mkdir", "-p", backup, Shell("&&"),
+                    "tar", "-xzf", "-", "-C", backup), stdin="tar.gz of the chief's backup")
 
 
-def push_command(host: Host, verb: str, rundir: str, *args: str) -> str:
+def push_command(host: Host, verb: str, rundir: str, *paths: str, stdin: str) -> Command:
     """PUSH_BOOTSTRAP unpacking the stage into `rundir`, then the host package's `verb`."""
-    return join([quote_path(host.python), "-I", "-S", "-c", quote(PUSH_BOOTSTRAP), verb,
-                 quote_path(rundir), *map(quote_path, args)])
+    return Command((HostPath(host.python), "-I", "-S", "-c", PUSH_BOOTSTRAP, verb,
+                    HostPath(rundir), *map(HostPath, paths)), stdin=stdin)
 
 
 def data_commands(host: Host, rundir: str) -> dict:
@@ -215,8 +214,8 @@ def data_commands(host: Host, rundir: str) -> dict:
         return {"data_dir": data_dir}
     return {
         "data_dir": data_dir,
-        "data_push": RemoteCommand(
-            push_command(host, "data-push", rundir, data_dir, cache_dir(host)),
+        "data_push": push_command(
+            host, "data-push", rundir, data_dir, cache_dir(host),
             stdin="tar.gz of the data manifest and the host package; after the host's answer, "
                   "the data files it lacks, each headed by its sha256"),
     }
@@ -296,23 +295,21 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
             gpus = task_gpus(host, slot)
             config = tf_config(cluster, index)
-            argv = (quote_path(host.python), quote(options.entry),
-                    *(quote(a) for a in options.args))
-            launch = host_agent(host, rundir, "launch", str(index), in_run(rundir, layout.PAYLOAD),
-                                *([envpy] if envpy else []), tail=argv)
+            agent = host_agent(host, rundir, "launch", str(index),
+                               HostPath(in_run(rundir, layout.PAYLOAD)),
+                               *([HostPath(envpy)] if envpy else []),
+                               tail=(HostPath(host.python), options.entry, *options.args))
+            env = task_env(host, run_id, rundir, config, index, len(slots), gpus, options.backup)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index), tf_config=config,
-                env=task_env(host, run_id, rundir, config, index, len(slots), gpus,
-                             options.backup),
-                launch=RemoteCommand(launch, stdin="environment as JSON"), gpus=gpus))
+                launch=Command(agent.argv, env, stdin="environment as JSON"), gpus=gpus))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
-            push=RemoteCommand(
-                push_command(host, "push", rundir, cache_dir(host)),
+            push=push_command(
+                host, "push", rundir, cache_dir(host),
                 stdin="tar.gz of run.json, the host package and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
-            ports=RemoteCommand(join([quote_path(host.python), "-I", "-", "ports",
-                                      str(host.workers + SPARE_PORTS)]),
-                                stdin="deploy/host/check.py"),
+            ports=Command((HostPath(host.python), "-I", "-", "ports",
+                           str(host.workers + SPARE_PORTS)), stdin=CHECK_STDIN),
             tasks=tuple(tasks), env_python=envpy, **data_commands(host, rundir)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from deploy.host.layout import WHEELHOUSE
 from deploy.inventory.model import Host, Inventory
-from deploy.plan.command import quote_path
-from deploy.plan.planner import RemoteCommand, cleanup_command, env_dir, host_agent, run_dir
+from deploy.plan.command import Command, HostPath, Shell
+from deploy.plan.planner import cleanup_command, env_dir, host_agent, run_dir
 
 
 @dataclass(frozen=True)
@@ -21,10 +21,10 @@ class HostSetup:
     host: Host
     run_dir: str
     env_dir: str
-    status: RemoteCommand
-    wheels: RemoteCommand
-    build: RemoteCommand
-    cleanup: str
+    status: Command
+    wheels: Command
+    build: Command
+    cleanup: Command
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,16 @@ def plan_setup(inventory: Inventory, requirements_sha256: str, run_id: str,
     for host in inventory.hosts:
         rundir = run_dir(host, run_id)
         envdir = env_dir(host, requirements_sha256)
-        quoted = quote_path(rundir)
-        status = host_agent(host, rundir, "envstatus", envdir)
-        build = host_agent(host, rundir, "setup", envdir, *([WHEELHOUSE] if wheelhouse else []))
+        into = HostPath(rundir)
+        status = host_agent(host, rundir, "envstatus", HostPath(envdir))
         plans.append(HostSetup(
             host=host, run_dir=rundir, env_dir=envdir,
-            status=RemoteCommand(f"mkdir -p {quoted} && tar -xzf - -C {quoted} && {status}",
-                                 stdin="tar.gz of run.json, the host package and requirements.txt"),
-            wheels=RemoteCommand(f"tar -xf - -C {quoted}", stdin="tar of the wheelhouse"),
-            build=RemoteCommand(build),
+            status=Command(("mkdir", "-p", into, Shell("&&"), "tar", "-xzf", "-", "-C", into,
+                            Shell("&&"), *status.argv),
+                           stdin="tar.gz of run.json, the host package and requirements.txt"),
+            wheels=Command(("tar", "-xf", "-", "-C", into), stdin="tar of the wheelhouse"),
+            build=host_agent(host, rundir, "setup", HostPath(envdir),
+                             *([WHEELHOUSE] if wheelhouse else [])),
             cleanup=cleanup_command(host, rundir, 1.0)))
     return SetupPlan(run_id, tuple(plans))
 

@@ -24,16 +24,16 @@ def plan_document(plan: RunPlan) -> dict:
             **({"env_python": hp.env_python} if hp.env_python else {}),
             **({"data": {"source": hp.host.data.shown, "dir": hp.data_dir}}
                if hp.data_dir else {}),
-            **({"data_push": str(hp.data_push)} if hp.data_push else {}),
-            "push": str(hp.push),
-            "ports": str(hp.ports),
+            **({"data_push": hp.data_push.shown()} if hp.data_push else {}),
+            "push": hp.push.shown(),
+            "ports": hp.ports.shown(),
             "tasks": [{
                 "task": t.name,
                 "endpoint": t.endpoint,
                 **({"gpus": t.gpus} if t.gpus else {}),
                 "tf_config": t.tf_config,
-                "env": {k: v.shown() for k, v in t.env.items()},
-                "launch": str(t.launch),
+                "env": t.launch.shown_env(),
+                "launch": t.launch.shown(),
             } for t in hp.tasks],
         } for hp in plan.hosts],
     }
@@ -50,7 +50,7 @@ def data_lines(hp: HostPlan) -> list[str]:
     named = ("" if data.tree else
              " (<tree-sha256>: the content hash of its files, computed at push)")
     return [f"  data:   local {data.given} -> {hp.data_dir}{named}; kept "
-            "between runs", f"  data push: {hp.data_push}"]
+            "between runs", f"  data push: {hp.data_push.shown()}"]
 
 
 def ssh_route(host: Host) -> str:
@@ -74,16 +74,15 @@ def plan_text(plan: RunPlan) -> str:
         where = ("local subprocesses" if host.transport == "local"
                  else f"ssh {ssh_route(host)}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
-                  f"  push:   {hp.push}", f"  ports:  {hp.ports}"]
+                  f"  push:   {hp.push.shown()}", f"  ports:  {hp.ports.shown()}"]
         if hp.env_python:
             lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")
         lines += data_lines(hp)
         for t in hp.tasks:
             gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
             lines.append(f"  {t.name} at {t.endpoint}{gpus}")
-            lines.append(f"    launch: {t.launch}")
-            for key, value in t.env.items():
-                lines.append(f"    env {key}={value.shown()}")
+            lines.append(f"    launch: {t.launch.shown()}")
+            lines += [f"    env {key}={value}" for key, value in t.launch.shown_env().items()]
         lines.append(f"  end:    stop tasks (TERM, KILL after {plan.options.grace:g} s), "
                      f"fetch logs{' and output' if hp.tasks[0] is plan.chief else ''}, "
                      f"delete {hp.run_dir}")

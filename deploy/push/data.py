@@ -119,7 +119,7 @@ class DataPush:
                     console.print(self.summary(plans, wants), highlight=False)
                     status.update("data: sending and assembling on every host…")
                 answers = session.push(
-                    plans, "data", lambda hp: hp.data_push.line,
+                    plans, "data", lambda hp: hp.data_push,
                     lambda hp: stages[hp.host.data.path],
                     lambda hp, wanted: self.content(self.trees[hp.host.data.path], wanted),
                     on_answers)

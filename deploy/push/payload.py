@@ -78,7 +78,7 @@ class PayloadPush:
             def on_answers(answers: dict[str, dict]) -> None:
                 console.print(self.changed(answers), highlight=False)
                 status.update("payload: sending and assembling on every host…")
-            answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push.line,
+            answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push,
                                    lambda hp: self.stage, lambda hp, wanted: self.content(wanted),
                                    on_answers)
         self.hashes.save()

@@ -20,6 +20,7 @@ from deploy.plan.checks import (
     HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assign_task_ports, judge_mesh,
     judge_probe, mesh_command, mesh_specs, probe_command, rows, version_problems
 )
+from deploy.plan.command import Command
 from deploy.plan.planner import env_python
 from deploy.ssh.parallel import on_each
 from deploy.ssh.session import Session, StepFailed, agent_json
@@ -45,8 +46,8 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
             c.problems.append((unreachable or {}).get(c.host.name, f"{c.host.label}: not connected"))
     connected = [c for c in checks if c.host.name in transports]
 
-    def ask(c: HostCheck, line: str, step: str, timeout: float) -> dict:
-        result = transports[c.host.name].run(line, stdin=source, timeout=timeout)
+    def ask(c: HostCheck, command: Command, step: str, timeout: float) -> dict:
+        result = transports[c.host.name].run(command.line, stdin=source, timeout=timeout)
         if result.code in (126, 127):    # the shell could not run the interpreter at all
             raise StepFailed(f"{c.host.label}: python {c.host.python!r} does not run there: "
                              f"{result.error_text()} (set 'python:' in the inventory)")

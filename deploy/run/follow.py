@@ -55,7 +55,8 @@ class Followers:
     def _read(self, hp: HostPlan, offsets: Mapping[int, int]) -> None:
         name = hp.host.name
         try:
-            stream = self.transports[name].stream(follow_command(hp.host, hp.run_dir, offsets))
+            command = follow_command(hp.host, hp.run_dir, offsets)
+            stream = self.transports[name].stream(command.line)
             with self.lock:
                 if self.closed:
                     stream.close()

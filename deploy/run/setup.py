@@ -249,7 +249,7 @@ def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
 def _cleanup(session: Session, plan: SetupPlan) -> dict[str, str]:
     """Delete each host's setup run directory (a failed build inside it goes too)."""
     results, errors = on_each(plan.hosts, lambda hp: hp.host.name, lambda hp: agent_json(
-        session.transports[hp.host.name].run(hp.cleanup, timeout=120), hp.host, "cleanup"))
+        session.transports[hp.host.name].run(hp.cleanup.line, timeout=120), hp.host, "cleanup"))
     problems = {name: str(error) for name, error in errors.items()}
     problems.update({name: f"processes left: {doc['survivors']}"
                      for name, doc in results.items() if doc.get("survivors")})

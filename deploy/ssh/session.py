@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Mapping
 from deploy.errors import Failure
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.checks import HOSTCHECK_SOURCE
+from deploy.plan.command import Command
 from deploy.plan.planner import (
     HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command, fetch_output_command,
     framed, poll_command, ports_by_task, replace_backup_command, stop_command
@@ -68,7 +69,7 @@ class Session:
         return on_all(name, plans, lambda hp: hp.host.name,
                       lambda hp: step(hp, self.transports[hp.host.name]))
 
-    def push(self, plans: list[HostPlan], what: str, command: Callable[[HostPlan], str],
+    def push(self, plans: list[HostPlan], what: str, command: Callable[[HostPlan], Command],
              stage: Callable[[HostPlan], bytes],
              content: Callable[[HostPlan, frozenset[str]], bytes | Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
@@ -82,7 +83,7 @@ class Session:
         exchanges: dict[str, Exchange] = {}
 
         def ask(hp: HostPlan, t: Transport) -> dict:
-            exchanges[hp.host.name] = exchange = t.exchange(command(hp), timeout=120)
+            exchanges[hp.host.name] = exchange = t.exchange(command(hp).line, timeout=120)
             exchange.send(framed(stage(hp)))
             line = exchange.readline()
             if not line:                     # it ended without an answer: say why
@@ -123,11 +124,10 @@ class Session:
     def launch(self, plan: RunPlan, attempt: int = 1) -> None:
         def start(hp: HostPlan, t: Transport) -> None:
             for task in hp.tasks:
-                values = {k: v.value for k, v in task.env.items()}
                 # The attempt (1, then 2... under --restarts) also tells the agent to set the
                 # previous attempt's files aside and mark the log.
-                env = json.dumps({"env": {**values, "TFDEPLOY_ATTEMPT": str(attempt)}})
-                agent_json(t.run(task.launch.line, stdin=env.encode(), timeout=60),
+                env = task.launch.env_stdin(TFDEPLOY_ATTEMPT=str(attempt))
+                agent_json(t.run(task.launch.line, stdin=env, timeout=60),
                            hp.host, f"starting {task.name}")
         self._all("starting tasks", plan.hosts, start)
 
@@ -136,7 +136,7 @@ class Session:
         last read of the logs after a stop; live following goes through follow.py."""
         def ask(hp: HostPlan, t: Transport) -> dict:
             mine = {task.index: offsets[task.index] for task in hp.tasks}
-            return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine), timeout=30),
+            return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine).line, timeout=30),
                               hp.host, "poll")["tasks"]
         results, errors = self._each(plan.hosts, ask)
         answers = {int(i): doc for tasks in results.values() for i, doc in tasks.items()}
@@ -151,9 +151,9 @@ class Session:
         """Stop, then delete each host's run directory; problems by host, as for stop."""
         return self._ending(plan, lambda hp: cleanup_command(hp.host, hp.run_dir, plan.options.grace))
 
-    def _ending(self, plan: RunPlan, command) -> dict[str, str]:
+    def _ending(self, plan: RunPlan, command: Callable[[HostPlan], Command]) -> dict[str, str]:
         results, errors = self._each(plan.hosts, lambda hp, t: agent_json(
-            t.run(command(hp), timeout=plan.options.grace + 60), hp.host, "teardown"))
+            t.run(command(hp).line, timeout=plan.options.grace + 60), hp.host, "teardown"))
         problems = {name: str(error) for name, error in errors.items()}
         for name, doc in results.items():
             if doc.get("survivors"):
@@ -165,7 +165,7 @@ class Session:
         """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into`; return the number of files."""
         hp = plan.chief_host
         result = checked(self.transports[hp.host.name].run(
-            fetch_output_command(hp.run_dir), timeout=600), hp.host, "fetching output")
+            fetch_output_command(hp.run_dir).line, timeout=600), hp.host, "fetching output")
         if not result.stdout:
             return 0
         into.mkdir(parents=True, exist_ok=True)
@@ -178,12 +178,12 @@ class Session:
         bare machines; BackupAndRestore restores every worker from the chief's backup).
         Returns the size of the archive carried."""
         chief = plan.chief_host
-        data = checked(self.transports[chief.host.name].run(
-            fetch_backup_command(chief.run_dir), timeout=600), chief.host, "fetching the backup"
-        ).stdout or _empty_tar_gz()
+        fetch = fetch_backup_command(chief.run_dir)
+        data = checked(self.transports[chief.host.name].run(fetch.line, timeout=600), chief.host,
+                       "fetching the backup").stdout or _empty_tar_gz()
         others = [hp for hp in plan.hosts if hp is not chief]
         self._all("carrying the backup", others, lambda hp, t: checked(
-            t.run(replace_backup_command(hp.run_dir), stdin=data, timeout=600), hp.host,
+            t.run(replace_backup_command(hp.run_dir).line, stdin=data, timeout=600), hp.host,
             "replacing the backup"))
         return len(data)
 

@@ -315,12 +315,11 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     rundir = Path(hp.run_dir)
     assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
 
-    wire = json.dumps({"env": {k: v.value for k, v in task.env.items()}})   # as session.py does
-    started = transport.run(task.launch.line, stdin=wire.encode())
+    started = transport.run(task.launch.line, stdin=task.launch.env_stdin())
     assert started.code == 0, started.stderr
     deadline = time.monotonic() + 15
     while True:
-        answer = transport.run(poll_command(host, hp.run_dir, {0: 0}))
+        answer = transport.run(poll_command(host, hp.run_dir, {0: 0}).line)
         status = json.loads(answer.stdout)["tasks"]["0"]
         if status["state"] in ("exited", "lost") or time.monotonic() > deadline:
             break
@@ -334,17 +333,17 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     assert seen["env"]["SECRET"] == "s3cr3t $HOME"
     assert not canary.exists()
 
-    fetched = transport.run(fetch_output_command(hp.run_dir))
+    fetched = transport.run(fetch_output_command(hp.run_dir).line)
     with tarfile.open(fileobj=io.BytesIO(fetched.stdout)) as tar:
         assert tar.extractfile("./result.txt").read() == b"saved"
 
-    stopped = json.loads(transport.run(stop_command(host, hp.run_dir, 1)).stdout)
+    stopped = json.loads(transport.run(stop_command(host, hp.run_dir, 1).line).stdout)
     assert stopped == {"signalled": {}, "survivors": []}
-    cleaned = json.loads(transport.run(cleanup_command(host, hp.run_dir, 1)).stdout)
+    cleaned = json.loads(transport.run(cleanup_command(host, hp.run_dir, 1).line).stdout)
     assert cleaned["survivors"] == [] and not rundir.exists()
     assert (workdir / "runs").is_dir()
     # A second cleanup (the run dir is gone) answers instead of failing.
-    again = transport.run(cleanup_command(host, hp.run_dir, 1))
+    again = transport.run(cleanup_command(host, hp.run_dir, 1).line)
     assert again.code == 0 and json.loads(again.stdout) == {"survivors": [], "absent": True}
 
 
@@ -397,17 +396,17 @@ def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(tmp_path
     source = tmp_path / "chief" / "runs" / rundir.name
     (source / "backup" / "chief").mkdir(parents=True)
     (source / "backup" / "chief" / "checkpoint").write_text("epoch 2")
-    archive = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(source))],
+    archive = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(source)).line],
                              capture_output=True, check=True).stdout
     (rundir / "backup" / "workertemp_1").mkdir(parents=True)
     (rundir / "backup" / "stale").write_text("old")
-    subprocess.run(["/bin/sh", "-c", replace_backup_command(str(rundir))], input=archive,
+    subprocess.run(["/bin/sh", "-c", replace_backup_command(str(rundir)).line], input=archive,
                    check=True)
     assert sorted(str(p.relative_to(rundir)) for p in (rundir / "backup").rglob("*")) == [
         "backup/chief", "backup/chief/checkpoint"]
     assert (rundir / "run.json").exists()
     # A chief with no backup yet gives nothing; the host's backup is then emptied.
-    nothing = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(tmp_path / "none"))],
+    nothing = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(tmp_path / "none")).line],
                              capture_output=True, check=True).stdout
     assert nothing == b""
 

@@ -43,8 +43,8 @@ def probed(text=THREE, answers=None):
 def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything():
     host = inventory("hosts:\n  - {name: a, address: x, python: /opt/py3,"
                      " workdir: '~/my dir'}\n").hosts[0]
-    assert probe_command(host) == "/opt/py3 -I - probe ~/'my dir' 5"
-    line = mesh_command(host, {"host": "a", "targets": [["x", 1, "$(id)"]]})
+    assert probe_command(host).line == "/opt/py3 -I - probe ~/'my dir' 5"
+    line = mesh_command(host, {"host": "a", "targets": [["x", 1, "$(id)"]]}).line
     assert line.startswith("/opt/py3 -I - mesh '{") and "$(id)" in line
 
 
@@ -57,7 +57,7 @@ def test_the_probe_runs_the_setup_environment_where_it_exists(tmp_path, env_exis
         env.symlink_to(sys.executable)
     host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
                      f" python: '{sys.executable}'}}\n").hosts[0]
-    done = subprocess.run(["/bin/sh", "-c", probe_command(host, str(env))],
+    done = subprocess.run(["/bin/sh", "-c", probe_command(host, str(env)).line],
                           input=HOSTCHECK_SOURCE.read_bytes(),
                           capture_output=True, check=True)
     assert json.loads(done.stdout)["executable"] == (str(env) if env_exists else sys.executable)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,6 @@ from deploy.inventory.datasource import DataSource, host_data_dir
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import InventoryError
 from deploy.plan.checks import HostCheck, judge_probe, probe_command
-from deploy.plan.command import quote
 from deploy.plan.planner import PUSH_BOOTSTRAP, Options, plan_run
 from deploy.plan.text import plan_document, plan_text
 from deploy.push import hashcache
@@ -144,7 +144,7 @@ def test_the_plan_gives_each_task_its_hosts_data_dir(lab):
                     4: f"~/.tfdeploy/data/{trees['a']}"}
     a, b, c, d = plan.hosts
     # One command per push: the bootstrap unpacks the stage and becomes the data-push verb.
-    assert a.data_push.line == (f"python3 -I -S -c {quote(PUSH_BOOTSTRAP)} "
+    assert a.data_push.line == (f"python3 -I -S -c {shlex.quote(PUSH_BOOTSTRAP)} "
                                 f"data-push ~/.tfdeploy/runs/{RUN_ID} "
                                 f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache")
     assert c.data_push is None and c.data_dir == "~/datasets/mnist"
@@ -307,8 +307,8 @@ def test_the_summary_counts_each_directorys_new_files_once(lab):
 
 def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, tmp_path):
     a, b, c, d = lab.hosts
-    assert probe_command(c).endswith(" ~/datasets/mnist")
-    assert probe_command(a).endswith(" 5")                       # local data: nothing to ask
+    assert probe_command(c).line.endswith(" ~/datasets/mnist")
+    assert probe_command(a).line.endswith(" 5")                       # local data: nothing to ask
     assert hostcheck.data_problem(str(tmp_path / "nowhere")) == "does not exist"
     assert hostcheck.data_problem(str(tmp_path / "lab.yaml")) == "is not a directory"
     assert hostcheck.data_problem(str(tmp_path)) is None

@@ -70,7 +70,7 @@ def test_setup_plan_commands(inventory):
     assert plain.status.line.endswith(f" envstatus {plain.run_dir} {plain.env_dir}")
     assert plain.build.line.endswith(f" setup {plain.run_dir} {plain.env_dir} wheelhouse")
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"
-    assert f" cleanup {plain.run_dir} " in plain.cleanup
+    assert f" cleanup {plain.run_dir} " in plain.cleanup.line
     bare = plan_setup(inventory, REQ, "setup-" + RUN_ID, wheelhouse=False).hosts[0]
     assert bare.build.line.endswith(f" setup {plain.run_dir} {plain.env_dir}")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
 
 from deploy.inventory.load import load_inventory, parse_inventory
-from deploy.plan.command import quote
 from deploy.plan.planner import (
     PUSH_BOOTSTRAP, Options, cleanup_command, plan_run, poll_command, stop_command
 )
@@ -221,7 +221,7 @@ def test_commands_name_the_run_dir_and_agent():
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
     # One command per host: the bootstrap unpacks the stage, the host package answers and
     # receives.
-    assert b.push.line == (f"~/venv/bin/python -I -S -c {quote(PUSH_BOOTSTRAP)} push "
+    assert b.push.line == (f"~/venv/bin/python -I -S -c {shlex.quote(PUSH_BOOTSTRAP)} push "
                            f"{b.run_dir} /scratch/tf/cache")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
@@ -232,9 +232,9 @@ def test_commands_name_the_run_dir_and_agent():
     launch = plan.tasks[2].launch.line
     assert launch.startswith(f"{agent} launch {b.run_dir} 2 "
                              f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")
-    assert stop_command(b.host, b.run_dir, 2.5) == f"{agent} stop {b.run_dir} 2.5"
-    assert poll_command(b.host, b.run_dir, {2: 10}).endswith(f" poll {b.run_dir} 2:10")
-    assert f"cleanup {b.run_dir} 3" in cleanup_command(b.host, b.run_dir, 3.0)
+    assert stop_command(b.host, b.run_dir, 2.5).line == f"{agent} stop {b.run_dir} 2.5"
+    assert poll_command(b.host, b.run_dir, {2: 10}).line.endswith(f" poll {b.run_dir} 2:10")
+    assert f"cleanup {b.run_dir} 3" in cleanup_command(b.host, b.run_dir, 3.0).line
 
 
 @pytest.mark.parametrize("name", ["lab", "lab_ports"])
@@ -253,8 +253,9 @@ def test_secrets_are_starred_everywhere_they_are_shown(name):
     shown = [text, json.dumps(document), json.dumps(document, ensure_ascii=False)]
     # Environment values travel on stdin, so no command line carries them either.
     for hp in plan.hosts:
-        shown += [str(hp.push), str(hp.ports), cleanup_command(hp.host, hp.run_dir, 3)]
-        shown += [str(t.launch) for t in hp.tasks]
+        shown += [hp.push.shown(), hp.ports.shown(),
+                  cleanup_command(hp.host, hp.run_dir, 3).shown()]
+        shown += [t.launch.shown() for t in hp.tasks]
     for secret in (SECRET_FROM_ENV, SECRET_IN_FILE):
         for where in shown:
             assert secret not in where

@@ -52,8 +52,8 @@ def test_a_record_gives_back_the_same_plan(tmp_path):
         hp.host.__class__(**{**hp.host.__dict__, "env": {}}) for hp in plan.hosts]
     assert set(plan.tasks[0].host.env) == {"DATASET", "API_KEY", "TOKEN"}
     for mine, theirs in zip(again.tasks, plan.tasks):
-        assert (mine.index, mine.endpoint, mine.launch, mine.tf_config) == (
-            theirs.index, theirs.endpoint, theirs.launch, theirs.tf_config)
+        assert (mine.index, mine.endpoint, mine.launch.shown(), mine.tf_config) == (
+            theirs.index, theirs.endpoint, theirs.launch.shown(), theirs.tf_config)
         # Only tfdeploy's own variables: the host's env is not kept.
         assert set(theirs.env) - set(mine.env) == set(theirs.host.env)
         assert {k: v.value for k, v in mine.env.items()} == {
@@ -207,7 +207,7 @@ def test_gpus_and_the_setup_environment_survive_the_round_trip(tmp_path):
     again = load_record(recorded(tmp_path, plan)).plan()
     assert again.options == plan.options
     assert [h.host.gpus for h in again.hosts] == [h.host.gpus for h in plan.hosts]
-    assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]
+    assert [t.launch.shown() for t in again.tasks] == [t.launch.shown() for t in plan.tasks]
 
 
 def test_gateways_survive_the_round_trip(tmp_path):
@@ -217,4 +217,4 @@ def test_gateways_survive_the_round_trip(tmp_path):
     assert [(h.host.jump, [hop.shown() for hop in h.host.via]) for h in again.hosts] == [
         ("admin@gw.example:2222", ["admin@gw.example:2222"]),
         ("gw.example,bastion", ["gw.example:22", "bastion:22"])]
-    assert [t.launch for t in again.tasks] == [t.launch for t in plan.tasks]
+    assert [t.launch.shown() for t in again.tasks] == [t.launch.shown() for t in plan.tasks]

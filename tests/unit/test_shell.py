@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from deploy.errors import BadInput
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
-from deploy.plan.command import join, quote, quote_path, split_args
+from deploy.plan.command import Command, HostPath, split_args
 from deploy.plan.planner import Options, plan_run
 
 HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
@@ -23,6 +23,11 @@ HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm 
 # Any text a str can hold, except NUL (no argv can carry it) and lone surrogates (no bytes).
 texts = st.text(st.characters(exclude_characters="\0", exclude_categories=("Cs",)))
 HOME = os.path.expanduser("~")
+
+
+def quoted(word: str) -> str:
+    """One word as a command line writes it."""
+    return Command((word,)).line
 
 
 def through_shell(command: str) -> bytes:
@@ -40,47 +45,48 @@ def printf_words(words: str) -> list[bytes]:
 @settings(max_examples=150, deadline=None)
 @given(texts)
 def test_any_value_survives_a_real_shell(value):
-    assert through_shell(f"printf %s {quote(value)}") == value.encode()
+    assert through_shell(f"printf %s {quoted(value)}") == value.encode()
 
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_are_not_executed(value, tmp_path):
     canary = tmp_path / "pwned"
     value = value.replace("/tmp/tfdeploy-pwned", str(canary))
-    assert through_shell(f"printf %s {quote(value)}") == value.encode()
+    assert through_shell(f"printf %s {quoted(value)}") == value.encode()
     assert not canary.exists()
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(texts, max_size=5))
 def test_quoted_words_stay_separate_words(words):
-    assert printf_words("x " + join([quote(w) for w in words])) == [b"x"] + [
+    assert printf_words("x " + Command(tuple(words)).line) == [b"x"] + [
         w.encode() for w in words]
 
 
 def test_nul_is_refused():
     for value in ("a\0b", "\0", "end\0"):
         with pytest.raises(BadInput, match="NUL"):
-            quote(value)
+            Command((value,))
     with pytest.raises(BadInput, match="NUL"):
-        quote_path("~/a\0b")
+        Command((HostPath("~/a\0b"),))
 
 
-def test_quote_path_lets_the_host_expand_its_home():
-    assert through_shell(f"printf %s {quote_path('~/x y')}") == f"{HOME}/x y".encode()
-    assert through_shell(f"printf %s {quote_path('~')}") == HOME.encode()
-    assert through_shell(f"printf %s {quote_path('~/')}") == f"{HOME}/".encode()
+def test_a_host_path_lets_the_host_expand_its_home():
+    assert through_shell(f"printf %s {quoted(HostPath('~/x y'))}") == f"{HOME}/x y".encode()
+    assert through_shell(f"printf %s {quoted(HostPath('~'))}") == HOME.encode()
+    assert through_shell(f"printf %s {quoted(HostPath('~/'))}") == f"{HOME}/".encode()
     # Only a leading ~/ is the host's home; anything else is literal.
-    assert through_shell(f"printf %s {quote_path('/tmp/$(id)')}") == b"/tmp/$(id)"
-    assert through_shell(f"printf %s {quote_path('/a/~/b')}") == b"/a/~/b"
-    assert through_shell(f"printf %s {quote_path('~root/x')}") == b"~root/x"
-    assert through_shell(f"printf %s {quote_path('~/~/x')}") == f"{HOME}/~/x".encode()
+    assert through_shell(f"printf %s {quoted(HostPath('/tmp/$(id)'))}") == b"/tmp/$(id)"
+    assert through_shell(f"printf %s {quoted(HostPath('/a/~/b'))}") == b"/a/~/b"
+    assert through_shell(f"printf %s {quoted(HostPath('~root/x'))}") == b"~root/x"
+    assert through_shell(f"printf %s {quoted(HostPath('~/~/x'))}") == f"{HOME}/~/x".encode()
 
 
 @settings(max_examples=80, deadline=None)
 @given(texts)
-def test_quote_path_under_home_is_literal_after_the_tilde(rest):
-    assert through_shell(f"printf %s {quote_path('~/' + rest)}") == f"{HOME}/{rest}".encode()
+def test_a_host_path_under_home_is_literal_after_the_tilde(rest):
+    assert through_shell(f"printf %s {quoted(HostPath('~/' + rest))}") == (
+        f"{HOME}/{rest}".encode())
 
 
 def test_split_args_like_a_shell_and_refuses_unbalanced_quotes():
@@ -95,8 +101,8 @@ def test_split_args_like_a_shell_and_refuses_unbalanced_quotes():
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(texts, max_size=5))
-def test_split_args_undoes_quote(words):
-    assert split_args(" ".join(quote(w) for w in words)) == words
+def test_split_args_undoes_the_quoting(words):
+    assert split_args(Command(tuple(words)).line) == words
 
 
 # ---- the planned launch command, as the host's shell sees it --------------------------------
