@@ -14,6 +14,7 @@ from invoke import Collection, Exit, Program, task
 from rich.console import Console
 from rich.text import Text
 
+from deploy.console.checkview import report_view
 from deploy.errors import BadInput, TfdeployError
 from deploy.inventory.builtin import chosen_inventory
 from deploy.inventory.model import Inventory
@@ -21,7 +22,7 @@ from deploy.plan.command import split_args
 from deploy.plan.lints import refuse_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
-from deploy.run.check import check_hosts, report_view
+from deploy.run.check import check_hosts
 from deploy.run.launch import train as run_training
 from deploy.run.reattach import down as stop_run
 from deploy.run.reattach import list_runs

@@ -10,7 +10,8 @@ from pathlib import Path
 import deploy.host.check
 from deploy.inventory.model import Host
 from deploy.plan.command import Command, HostPath, Shell
-from deploy.plan.planner import CHECK_STDIN, SPARE_PORTS, assign_ports
+from deploy.plan.planner import CHECK_STDIN
+from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
 
 HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to
@@ -48,7 +49,7 @@ class CheckReport:
         return not self.all_problems
 
     @property
-    def task_ports(self) -> dict[str, list[int]]:
+    def host_ports(self) -> dict[str, list[int]]:
         """Each host's task ports, chosen as a run chooses them and, once the mesh passed,
         proven reachable from every other host."""
         return {c.host.name: c.ports for c in self.hosts}
@@ -62,7 +63,7 @@ def probe_command(host: Host, env_python: str | None = None) -> Command:
     """The host's python reads hostcheck.py from stdin: nothing is written on the host.
     With `env_python` (the environment of `inv setup`), that one answers where it exists,
     since it is what the tasks will run."""
-    args = ("-I", "-", "probe", HostPath(host.workdir), str(host.workers + SPARE_PORTS))
+    args = ("-I", "-", "probe", HostPath(host.workdir), str(ports_to_probe(host)))
     if host.data is not None and host.data.kind == "remote":
         args += (HostPath(host.data.path),)     # tasks will read it: can they?
     python = HostPath(host.python)
@@ -125,12 +126,12 @@ def version_problems(checks: list[HostCheck]) -> list[str]:
 
 
 def assign_task_ports(checks: list[HostCheck]) -> str | None:
-    """Give every task a port from its host's free ports, distinct across the cluster, as a
-    run does (planner.assign_ports); returns a problem or None."""
+    """Give every task a port from its host's free ports, as a run does (ports.py); returns a
+    problem or None."""
     try:
-        ports = assign_ports([(c.host, c.host.workers) for c in checks],
+        ports = choose_ports([(c.host, c.host.workers) for c in checks],
                              {c.host.name: c.probe["ports"] for c in checks})
-    except ValueError as exc:
+    except PortsUnavailable as exc:
         return str(exc)
     for c in checks:
         c.ports = ports[c.host.name]

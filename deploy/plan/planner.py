@@ -14,6 +14,7 @@ from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import EnvValue, Host, Inventory
 from deploy.plan.command import Command, HostPath, Shell
+from deploy.plan.ports import ports_to_probe
 
 # A push, run by the host's python as `-c` before the host package is there: read the stage
 # (a line with its length, then the tar.gz) unbuffered, unpack it into the run dir, and become
@@ -40,9 +41,6 @@ def framed(stage: bytes) -> bytes:
     return b"%d\n" % len(stage) + stage
 
 
-# Ports probed beyond a host's own tasks, so that ports already given to another host that is
-# really the same machine can be skipped without asking again.
-SPARE_PORTS = 4
 # The stdin of the commands that run deploy/host/check.py without writing it on the host: the
 # port probe here, and the probe and mesh of `inv check` (checks.py).
 CHECK_STDIN = "deploy/host/check.py"
@@ -221,27 +219,6 @@ def data_commands(host: Host, rundir: str) -> dict:
     }
 
 
-def assign_ports(hosts: list[tuple[Host, int]],
-                 free: Mapping[str, list[int]]) -> dict[str, list[int]]:
-    """`count` ports per host from the ports found free on it, distinct across the whole
-    cluster: TensorFlow binds every interface, so two hosts that are one machine (a loopback
-    lab) must not share one. ValueError names a host that has too few."""
-    taken: set[int] = set()
-    chosen: dict[str, list[int]] = {}
-    for host, count in hosts:
-        ports = [p for p in free[host.name] if p not in taken][:count]
-        if len(ports) < count:
-            raise ValueError(f"{host.label}: could not find {count} free ports")
-        chosen[host.name] = ports
-        taken.update(ports)
-    return chosen
-
-
-def ports_by_task(plan: "RunPlan", chosen: Mapping[str, list[int]]) -> dict[int, int]:
-    """Each host's chosen ports (assign_ports) given to its tasks in order, by task index."""
-    return {t.index: port for hp in plan.hosts for t, port in zip(hp.tasks, chosen[hp.host.name])}
-
-
 def tf_config(cluster: list[str], index: int) -> dict:
     return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
 
@@ -310,6 +287,6 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                 stdin="tar.gz of run.json, the host package and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
             ports=Command((HostPath(host.python), "-I", "-", "ports",
-                           str(host.workers + SPARE_PORTS)), stdin=CHECK_STDIN),
+                           str(ports_to_probe(host))), stdin=CHECK_STDIN),
             tasks=tuple(tasks), env_python=envpy, **data_commands(host, rundir)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

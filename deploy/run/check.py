@@ -9,16 +9,15 @@ import secrets
 import time
 from typing import Mapping
 
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
+from rich.console import Console
 
+from deploy.console.checkview import report_view
 from deploy.console.view import say
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assign_task_ports, judge_mesh,
-    judge_probe, mesh_command, mesh_specs, probe_command, rows, version_problems
+    judge_probe, mesh_command, mesh_specs, probe_command, version_problems
 )
 from deploy.plan.command import Command
 from deploy.plan.planner import env_python
@@ -109,29 +108,3 @@ def check_before_run(session: Session, inventory: Inventory, console: Console,
     say(console, f"checked {len(report.hosts)} host(s) in {report.seconds:.1f} s: "
                  f"versions, disk, ports and the TCP mesh are fine", "green")
     return report
-
-
-def report_view(report: CheckReport) -> Group:
-    """The table, one row per host; its problems column points into the numbered list below,
-    which says each problem in words (plain lines, easy to copy)."""
-    numbers = {p: i + 1 for i, p in enumerate(report.all_problems)}
-    table = Table(title=f"check: {len(report.hosts)} host(s), {report.seconds:.1f} s",
-                  title_justify="left")
-    for column in ("host", "address", "python", "tensorflow", "tf_keras", "numpy", "disk free",
-                   "ports", "mesh", "problems"):
-        # Versions and sizes stay whole; long cells (addresses, port lists) fold.
-        folds = column in ("address", "ports", "mesh", "problems")
-        table.add_column(column, no_wrap=not folds, overflow="fold")
-    for check, cells in zip(report.hosts, rows(report)):
-        refs = ", ".join(f"#{numbers[p]}" for p in check.problems)
-        cells[-1] = Text(refs, style="bold red") if refs else Text("ok", style="green")
-        cells[-2] = Text(cells[-2], style="green" if cells[-2] == "ok" else "red")
-        table.add_row(*cells)
-    lines: list = [table]
-    if report.problems:
-        lines.append(Text("cluster: " + ", ".join(f"#{numbers[p]}" for p in report.problems),
-                          style="bold red"))
-    lines += [Text(f"#{n} {p}", style="red") for p, n in numbers.items()]
-    if report.ok:
-        lines.append(Text("all checks passed", style="green"))
-    return Group(*lines)

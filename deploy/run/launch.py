@@ -15,7 +15,8 @@ from rich.console import Console
 
 from deploy.console.view import say
 from deploy.inventory.model import Inventory
-from deploy.plan.planner import Options, plan_run, ports_by_task
+from deploy.plan.planner import Options, plan_run
+from deploy.plan.ports import task_ports
 from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
@@ -54,7 +55,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         # just proved them reachable from every host, and a second probe would cost every host
         # another command.
         checked_ports = check_before_run(session, inventory, console,
-                                         options.requirements_sha256).task_ports
+                                         options.requirements_sha256).host_ports
     local_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"local records in {local_dir}", highlight=False)
     started = time.time()
@@ -73,7 +74,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         if any(hp.data_dir for hp in skeleton.hosts):
             write_json(local_dir / localdir.DATA, data.send(session, skeleton, console))
         with console.status("choosing ports…"):
-            ports = (ports_by_task(skeleton, checked_ports) if checked_ports
+            ports = (task_ports(skeleton.tasks, checked_ports) if checked_ports
                      else session.free_ports(skeleton))
             run.plan = plan_run(inventory, options, run_id, ports)
         write_json(local_dir / localdir.PLAN, plan_document(run.plan))

@@ -11,14 +11,12 @@ import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
+from deploy.console.setupview import progress_table, versions_table
 from deploy.console.view import say
 from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
 from deploy.inventory.model import Inventory
@@ -29,8 +27,7 @@ from deploy.ssh.parallel import on_all, on_each
 from deploy.ssh.session import Session, agent_json, checked
 from deploy.ssh.transport import LineStream
 from deploy.state.record import new_run_id
-
-VERSION_COLUMNS = ("python", "tensorflow", "tf_keras", "numpy")
+from deploy.state.setup import HostProgress, setup_event
 
 
 def requirements_hash(payload: Path) -> str | None:
@@ -63,20 +60,6 @@ def wheel_tar(files: list[Path]) -> bytes:
         for path in files:
             tar.add(path, arcname=f"{WHEELHOUSE}/{path.name}")
     return buf.getvalue()
-
-
-@dataclass
-class HostProgress:
-    name: str
-    state: str = "checking"
-    line: str = ""
-    started: float = field(default_factory=time.monotonic)
-    ended: float | None = None
-    result: dict | None = None
-    tail: list[str] = field(default_factory=list)
-
-    def seconds(self) -> float:
-        return (self.ended or time.monotonic()) - self.started
 
 
 def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_timeout: float,
@@ -164,9 +147,9 @@ def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, Host
                 stream.close()
         try:
             for raw in stream:
-                doc = _parse(raw)
+                doc = setup_event(raw)
                 with lock:
-                    _apply(p, doc)
+                    p.apply(doc)
         except Exception as exc:  # the stream broke: shown as this host's failure
             with lock:
                 p.state, p.line = "failed", f"lost contact: {exc}"
@@ -197,53 +180,6 @@ def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, Host
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-def _parse(raw: bytes) -> dict:
-    text = raw.decode("utf-8", "replace").strip()
-    try:
-        doc = json.loads(text)
-        return doc if isinstance(doc, dict) else {"event": "log", "text": text}
-    except ValueError:
-        return {"event": "log", "text": text}
-
-
-def _apply(p: HostProgress, doc: dict) -> None:
-    event = doc.get("event")
-    if event == "done":
-        p.state = "reused" if doc.get("reused") else "built"
-        p.line, p.result = f"environment {'reused' if doc.get('reused') else 'built'}", doc
-    elif event == "error":
-        p.state, p.line = "failed", doc.get("message", "failed")
-    elif "text" in doc:
-        p.line = doc["text"]
-        p.tail = (p.tail + [doc["text"]])[-40:]
-
-
-STATE_STYLES = {"checking": "dim", "building": "yellow", "built": "green", "reused": "green",
-                "failed": "bold red"}
-
-
-def progress_table(progress: dict[str, HostProgress]) -> Table:
-    table = Table(title="setup", title_justify="left")
-    for column in ("host", "state", "s", "now"):
-        table.add_column(column, overflow="ellipsis", no_wrap=column == "now")
-    for p in progress.values():
-        table.add_row(p.name, Text(p.state, style=STATE_STYLES.get(p.state, "")),
-                      f"{p.seconds():.0f}", Text(p.line[-100:]))
-    return table
-
-
-def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
-    table = Table(title="environments", title_justify="left")
-    for column in ("host", "environment", "state", "s", *VERSION_COLUMNS):
-        table.add_column(column)
-    for hp in plan.hosts:
-        p = progress[hp.host.name]
-        versions = (p.result or {}).get("versions") or {}
-        table.add_row(p.name, hp.env_dir, Text(p.state, style=STATE_STYLES.get(p.state, "")),
-                      f"{p.seconds():.1f}", *(versions.get(c) or "-" for c in VERSION_COLUMNS))
-    return table
 
 
 def _cleanup(session: Session, plan: SetupPlan) -> dict[str, str]:

@@ -16,9 +16,10 @@ from deploy.inventory.model import Host, Inventory
 from deploy.plan.checks import HOSTCHECK_SOURCE
 from deploy.plan.command import Command
 from deploy.plan.planner import (
-    HostPlan, RunPlan, assign_ports, cleanup_command, fetch_backup_command, fetch_output_command,
-    framed, poll_command, ports_by_task, replace_backup_command, stop_command
+    HostPlan, RunPlan, cleanup_command, fetch_backup_command, fetch_output_command, framed,
+    poll_command, replace_backup_command, stop_command
 )
+from deploy.plan.ports import choose_ports, task_ports
 from deploy.ssh.parallel import HostsFailed, on_all, on_each
 from deploy.ssh.transport import CommandResult, Exchange, Transport, connect
 
@@ -114,12 +115,9 @@ class Session:
         answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
             t.run(hp.ports.line, stdin=HOSTCHECK_SOURCE.read_bytes(), timeout=60), hp.host,
             "port probe"))
-        try:
-            chosen = assign_ports([(hp.host, len(hp.tasks)) for hp in plan.hosts],
-                                  {name: answer["ports"] for name, answer in answers.items()})
-        except ValueError as exc:
-            raise StepFailed(str(exc)) from None
-        return ports_by_task(plan, chosen)
+        chosen = choose_ports([(hp.host, len(hp.tasks)) for hp in plan.hosts],
+                              {name: answer["ports"] for name, answer in answers.items()})
+        return task_ports(plan.tasks, chosen)
 
     def launch(self, plan: RunPlan, attempt: int = 1) -> None:
         def start(hp: HostPlan, t: Transport) -> None:

@@ -15,7 +15,8 @@ from deploy.plan.checks import (
     judge_probe, mesh_command, mesh_pairs, mesh_specs, probe_command, rows, version_problems
 )
 from deploy.plan.lints import lint
-from deploy.plan.planner import Options, assign_ports, plan_run, ports_by_task
+from deploy.plan.planner import Options, plan_run
+from deploy.plan.ports import choose_ports, task_ports
 
 THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
          "  - {name: b, address: 10.1.2.4, workers: 2}\n"
@@ -106,15 +107,15 @@ def test_a_run_takes_the_ports_the_mesh_check_reached():
     checks = probed()
     assign_task_ports(checks)
     plan = plan_run(inventory(), Options(), "20260101-000000-abcdef")
-    ports = ports_by_task(plan, CheckReport(checks).task_ports)
+    ports = task_ports(plan.tasks, CheckReport(checks).host_ports)
     assert ports == {0: 20001, 1: 20002, 2: 20003, 3: 20004}
     endpoints = [t.endpoint for t in plan_run(inventory(), Options(), "r", ports).tasks]
     assert endpoints == ["10.1.2.3:20001", "10.1.2.4:20002", "10.1.2.4:20003", "10.1.2.5:20004"]
 
 
-def test_assign_ports_keeps_inventory_order():
+def test_choose_ports_keeps_inventory_order():
     hosts = inventory().hosts
-    assert assign_ports([(hosts[0], 1), (hosts[1], 2)], {"a": [5, 6], "b": [5, 7, 8]}) == {
+    assert choose_ports([(hosts[0], 1), (hosts[1], 2)], {"a": [5, 6], "b": [5, 7, 8]}) == {
         "a": [5], "b": [7, 8]}
 
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 
 import pytest
+from test_shell import HOME, HOSTILE, printf_words, through_shell
 
 from deploy.errors import BadInput
 from deploy.inventory.load import parse_inventory
@@ -19,7 +20,6 @@ from deploy.plan.planner import (
 from deploy.plan.text import plan_document, plan_text
 from deploy.ssh.session import Session
 from deploy.ssh.transport import CommandResult
-from test_shell import HOME, HOSTILE, printf_words, through_shell
 
 SECRET = "hunter2-$(id)"
 ENV = {"PLAIN": EnvValue("a b"), "TOKEN": EnvValue(SECRET, secret=True)}
