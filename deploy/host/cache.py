@@ -208,7 +208,7 @@ def _link(source, dest):
 def push(rundir, cache, stdin, stdout):
     """`want`, answered at once as a line on `stdout`; then, unless payload/ was assembled
     already, `receive` of exactly the missing files from the same `stdin`: one command per
-    push (the stage was unpacked by the command's bootstrap, deploy/planner.py)."""
+    push (the stage was unpacked by the command's bootstrap, deploy/plan/planner.py)."""
     answer = want(rundir, cache)
     stdout.write(json.dumps(answer) + "\n")
     stdout.flush()

@@ -57,7 +57,7 @@ class Host:
     data: DataSource | None = None   # TFDEPLOY_DATA_DIR: local dir pushed by content, or remote
     ssh_config: str = sshconfig.DEFAULT_FILE
     jump: str | None = None          # gateway(s), ProxyJump syntax, as given
-    # Resolved through the ssh config when the inventory is loaded (see deploy/sshconfig.py).
+    # Resolved through the ssh config when the inventory is loaded (see sshconfig.py).
     target: Hop | None = None
     via: tuple[Hop, ...] = ()        # gateways, first hop first
 

@@ -1,5 +1,5 @@
 """What `inv check` asks each host and how it judges the answers. Pure: no network, no clock;
-checkrun.py runs it. Every problem is a sentence that names the host and what to do.
+deploy/run/check.py runs it. Every problem is a sentence that names the host and what to do.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def tf_label(host: Host) -> str:
 
 
 def probe_command(host: Host, env_python: str | None = None) -> Command:
-    """The host's python reads hostcheck.py from stdin: nothing is written on the host.
+    """The host's python reads deploy/host/check.py from stdin: nothing is written on the host.
     With `env_python` (the environment of `inv setup`), that one answers where it exists,
     since it is what the tasks will run."""
     args = ("-I", "-", "probe", HostPath(host.workdir), str(ports_to_probe(host)))

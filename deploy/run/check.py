@@ -1,6 +1,6 @@
 """Run the checks of checks.py on the hosts: probe every host, then the TCP mesh between them.
 
-Nothing is written on any host: hostcheck.py travels on the stdin of the host's python. Used
+Nothing is written on any host: deploy/host/check.py travels on the stdin of the host's python. Used
 by `inv check` (own connections) and by `train` before it starts anything (its session's).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`inv train`: a fresh run from inventory to started tasks, then followed to its end here
-(runner.py) or left running on its hosts (--detach) for any later shell to pick up.
+(watch.py) or left running on its hosts (--detach) for any later shell to pick up.
 
 Order matters for "bad input changes nothing anywhere": everything that can be checked locally
 (inventory, payload, args) is checked before any host is touched, and once anything has been

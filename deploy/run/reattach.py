@@ -1,8 +1,8 @@
 """A run found again from its local record, by any shell: `inv runs`, `status`, `logs`, `down`.
 
 The inventory is not needed: the record holds every host's connection fields, run directory
-and ports (records.py). Following to the end goes through the same path as a fresh launch
-(runner.py), so a reattached run ends exactly like one that was never left.
+and ports (deploy/state/record.py). Following to the end goes through the same path as a
+fresh launch (watch.py, finish.py), so a reattached run ends exactly like one never left.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One interface for running commands on a host, with two implementations: SSH (one Fabric
-connection per host, reused for every step; see sshlogin.py) and local subprocesses for
+connection per host, reused for every step; see login.py) and local subprocesses for
 `transport: local`.
 
 Both run a command line in a POSIX shell, feed it bytes on stdin and return its exit code and
@@ -258,7 +258,7 @@ class LocalTransport:
 
 
 class SshTransport:
-    """One SSH login per host, reused for every step (deploy/sshlogin.py: gateways, keys)."""
+    """One SSH login per host, reused for every step (login.py: gateways, keys)."""
 
     def __init__(self, host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
         self.host = host
