@@ -27,6 +27,7 @@ from deploy.run.launch import train as run_training
 from deploy.run.reattach import down as stop_run
 from deploy.run.reattach import list_runs
 from deploy.run.reattach import logs as show_logs
+from deploy.run.reattach import plot as draw_plot
 from deploy.run.reattach import status as show_status
 from deploy.run.run import RunSettings
 from deploy.run.setup import requirements_hash
@@ -41,6 +42,11 @@ SSH_HELP = {
     "accept_new_host_keys": "record host keys missing from known_hosts (changed keys are "
                             "always refused)",
 }
+
+
+VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log and the "
+                "payload's {\"event\": ...} lines too (by default the console hides them; "
+                "runs/<id>/worker-<i>.log always keeps every byte)")
 
 
 @contextmanager
@@ -108,10 +114,11 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
               "id and the commands to follow (inv logs), inspect (inv status), stop (inv down)",
     "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
                 "the chief's BackupAndRestore state, up to N times (default: 0)",
+    "verbose": VERBOSE_HELP,
 })
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
-          start_timeout="120", no_check=False, detach=False, restarts="0"):
+          start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -136,7 +143,8 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                accept_new_host_keys=accept_new_host_keys,
                                start_timeout=seconds("--start-timeout", start_timeout),
                                check=not no_check,
-                               restarts=count("--restarts", restarts), detach=detach)
+                               restarts=count("--restarts", restarts), detach=detach,
+                               verbose=verbose)
         code = run_training(chosen, options, settings, console)
     exit_with(code)
 
@@ -232,9 +240,11 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
                       "Ctrl-C stops following only: the run goes on",
             "task": "print only task N's lines (every task's log is still kept locally)",
             "start_timeout": "with --follow: seconds for every task to reach its first "
-                             "training step before the run is torn down (default: 0, off)"})
+                             "training step before the run is torn down (default: 0, off)",
+            "verbose": "with --follow: " + VERBOSE_HELP + "; without --follow the log is "
+                       "always printed as it is"})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
-         accept_new_host_keys=False, start_timeout="0"):
+         accept_new_host_keys=False, start_timeout="0", verbose=False):
     """Print a run's logs; with --follow, reattach until the run ends.
 
     First the local copy, then what the hosts wrote since (nothing twice); the local copy
@@ -243,7 +253,17 @@ def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="1
         only = None if task is None else count("--task", task)
         return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
     run_task(action, connect_timeout, accept_new_host_keys,
-             start_timeout=seconds("--start-timeout", start_timeout))
+             start_timeout=seconds("--start-timeout", start_timeout), verbose=verbose)
+
+
+@task(help={"run": RUN_HELP["run"], "runs_dir": RUN_HELP["runs_dir"]})
+def plot(c, run="", runs_dir="runs"):
+    """Draw runs/<id>/loss.png again from the run's local logs: every task's loss per epoch
+    (and validation loss where reported). Works for runs that ended badly, and while a run
+    is followed (from what has reached this machine).
+
+    Exit status: 0 when drawn, 1 when no task reported a loss, 2 for bad input."""
+    run_task(lambda console, _: draw_plot(Path(runs_dir), run or None, console))
 
 
 @task(help=RUN_HELP)

@@ -4,7 +4,7 @@ Run by the launcher once per worker, with TF_CONFIG describing the cluster; run 
 without TF_CONFIG it trains alone. It trains a small classifier on synthetic data and
 reports progress as one JSON document per stdout line, which the launcher parses:
 
-    {"event": "start", "task": 0, "workers": 2, "run_id": "...", ...}
+    {"event": "start", "task": 0, "workers": 2, "epochs": 3, "steps_per_epoch": 20, ...}
     {"event": "data", "task": 0, "files": ["a.npz"], "examples": 512, ...}  (TFDEPLOY_DATA_DIR)
     {"event": "first_step", "task": 0}
     {"event": "epoch", "task": 0, "epoch": 1, "loss": 1.23, "accuracy": 0.5, "seconds": 0.8}
@@ -14,7 +14,8 @@ reports progress as one JSON document per stdout line, which the launcher parses
 
 Environment read:
     TF_CONFIG             cluster and this task's place in it (absent: train alone)
-    TFDEPLOY_OUTPUT_DIR   where the model is saved (default ./output; --output-dir wins)
+    TFDEPLOY_OUTPUT_DIR   where the model and the TensorBoard logs (<dir>/tensorboard) are
+                          written (default ./output; --output-dir wins)
     TFDEPLOY_RUN_ID       echoed in the start line
     TFDEPLOY_BACKUP_DIR   if set, fault tolerance with keras BackupAndRestore
     TFDEPLOY_DATA_DIR     if it holds *.npz files (arrays x: float features, one row per
@@ -245,6 +246,38 @@ class JsonProgress(keras.callbacks.Callback):
         emit("epoch", self.task, **fields)
 
 
+class TensorBoardScalars(keras.callbacks.Callback):
+    """Each epoch's loss and metrics as TensorBoard scalars, laid out as tf_keras's TensorBoard
+    callback lays them out (<dir>/train, <dir>/validation; tags epoch_loss, epoch_accuracy...).
+
+    Written with TensorFlow's own summary ops: tf_keras's TensorBoard callback needs the
+    tensorboard package for tf.summary.scalar (TBNotInstalledError without it), which
+    TensorFlow no longer installs. Viewing the logs needs it, writing them does not."""
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir = log_dir
+        self.writers = {}
+        self.scalar = tf.compat.v1.SummaryMetadata()
+        self.scalar.plugin_data.plugin_name = "scalars"
+
+    def on_epoch_end(self, epoch, logs=None):
+        for key, value in (logs or {}).items():
+            split, name = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
+            if split not in self.writers:
+                self.writers[split] = tf.summary.create_file_writer(
+                    os.path.join(self.log_dir, split))
+            with self.writers[split].as_default():
+                tf.summary.write("epoch_" + name, tf.constant(float(value), tf.float32),
+                                 step=epoch, metadata=self.scalar)
+        for writer in self.writers.values():
+            writer.flush()
+
+    def on_train_end(self, logs=None):
+        for writer in self.writers.values():
+            writer.close()
+
+
 def save_model(model, output_dir, index, is_chief):
     """Every worker saves: saving reads distributed variables, which may run collective
     ops that hang unless all workers take part. Only the chief's copy is kept; the others
@@ -287,7 +320,8 @@ def main(argv=None, callbacks=()):
     # Printed before joining the cluster: creating the strategy blocks until every worker
     # has started, so "start" without "first_step" means "waiting for the others".
     emit("start", index, workers=workers, run_id=os.environ.get("TFDEPLOY_RUN_ID"),
-         type=task_type, chief=is_chief, multi_input=args.multi_input)
+         type=task_type, chief=is_chief, multi_input=args.multi_input, epochs=args.epochs,
+         steps_per_epoch=args.steps_per_epoch)
     data = None
     data_dir = os.environ.get("TFDEPLOY_DATA_DIR")
     if data_dir:
@@ -323,6 +357,9 @@ def main(argv=None, callbacks=()):
         # on several hosts the launcher (--restarts) copies the chief's backup to each.
         cbs.append(keras.callbacks.BackupAndRestore(backup_dir=backup_dir))
     cbs.append(JsonProgress(index))
+    if is_chief:
+        # The other workers log the same aggregated values; the chief's logs are the run's.
+        cbs.append(TensorBoardScalars(os.path.join(args.output_dir, "tensorboard")))
     cbs.extend(callbacks)
 
     model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,

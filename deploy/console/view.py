@@ -1,12 +1,14 @@
 """What the user sees: prefixed live log lines, a status table, the end-of-run summary."""
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from deploy.console.lines import number, shown_line
 from deploy.state.progress import TaskProgress, losses_agree
 from deploy.state.record import RunRecord, RunState
 
@@ -15,9 +17,10 @@ COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_c
 STATE_STYLES = {"pending": "dim", "running": "yellow", "exited": "green", "lost": "red"}
 
 
-def say(console: Console, message: str, style: str = "") -> None:
-    """Print a message that may contain brackets (addresses, lists) without rich markup."""
-    console.print(Text(message, style=style))
+def say(console: Console, message: str, style: str = "", soft_wrap: bool = False) -> None:
+    """Print a message that may contain brackets (addresses, lists) without rich markup;
+    `soft_wrap` leaves long lines to the terminal (paths stay whole for copying)."""
+    console.print(Text(message, style=style), soft_wrap=soft_wrap)
 
 
 def task_style(index: int) -> str:
@@ -30,9 +33,14 @@ def prefixed(task: TaskProgress, line: str) -> Text:
     return text
 
 
-def print_lines(console: Console, task: TaskProgress, lines: list[str]) -> None:
+def print_lines(console: Console, task: TaskProgress, lines: list[str], raw: bool = False,
+                events_as_text: bool = True) -> None:
+    """Print a task's log lines as lines.py decides: by default without TensorFlow's C++ log
+    and with epoch events as short readable lines (`events_as_text`) or not at all."""
     for line in lines:
-        console.print(prefixed(task, line), markup=False, highlight=False, soft_wrap=True)
+        shown = shown_line(line, raw, events_as_text, task.epochs_total)
+        if shown is not None:
+            console.print(prefixed(task, shown), markup=False, highlight=False, soft_wrap=True)
 
 
 def state_text(task: TaskProgress) -> Text:
@@ -41,28 +49,87 @@ def state_text(task: TaskProgress) -> Text:
     return Text(task.state, style=STATE_STYLES.get(task.state, ""))
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 24) -> str:
+    """The last `width` values as block characters, lowest ▁ to highest █."""
+    values = [v for v in values[-width:] if v == v]      # NaN has no height
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    if high == low:
+        return SPARKS[0] * len(values)
+    top = len(SPARKS) - 1
+    return "".join(SPARKS[round((v - low) / (high - low) * top)] for v in values)
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def epoch_of(task: TaskProgress) -> str:
+    if task.epoch is None:
+        return ""
+    return f"{task.epoch}/{task.epochs_total}" if task.epochs_total else str(task.epoch)
+
+
+def metrics_text(task: TaskProgress) -> str:
+    return "  ".join(f"{k} {number(v)}" for k, v in task.metrics.items() if k != "loss")
+
+
 def status_table(tasks: list[TaskProgress], title: str) -> Table:
+    """One row per task: where it runs, its state, how far training is and how it goes."""
     table = Table(title=title, title_justify="left", expand=False)
-    for column in ("task", "host", "pid", "state", "epoch", "loss", "metrics"):
-        table.add_column(column)
+    for column in ("task", "host", "pid", "state", "epoch", "loss", "metrics", "steps/s",
+                   "ETA", "loss curve"):
+        table.add_column(column, no_wrap=column in ("task", "epoch", "loss", "loss curve"))
     for t in tasks:
-        metrics = "  ".join(f"{k}={v:.4g}" for k, v in t.metrics.items() if k != "loss")
+        speed = t.steps_per_second
         table.add_row(Text(t.name, style=task_style(t.index)), t.host,
-                      str(t.pid or ""), state_text(t), "" if t.epoch is None else str(t.epoch),
-                      "" if t.loss is None else f"{t.loss:.6g}", metrics)
+                      str(t.pid or ""), state_text(t), epoch_of(t),
+                      "" if t.loss is None else number(t.loss), metrics_text(t),
+                      "" if speed is None else f"{speed:.1f}",
+                      duration_text(t.eta_seconds) if t.state == "running" else "",
+                      Text(sparkline(t.losses), style=task_style(t.index)))
     return table
 
 
-class LiveView:
-    """Log lines scroll above; the status table stays at the bottom of the terminal."""
+def run_progress(tasks: list[TaskProgress]) -> Table | None:
+    """The run's progress bar: epochs done of all tasks' epochs, once every task has said how
+    many it trains."""
+    if not tasks or any(t.epochs_total is None for t in tasks):
+        return None
+    total = sum(t.epochs_total for t in tasks)
+    done = sum(min(t.epoch or 0, t.epochs_total) for t in tasks)
+    etas = [t.eta_seconds for t in tasks if t.state == "running" and t.eta_seconds is not None]
+    line = Table.grid(padding=(0, 1))
+    line.add_row("run", ProgressBar(total=total, completed=done, width=40),
+                 f"{done}/{total} epochs", f"ETA {duration_text(max(etas))}" if etas else "")
+    return line
 
-    def __init__(self, console: Console, tasks: list[TaskProgress], title: str):
-        self.console, self.tasks, self.title = console, tasks, title
-        self.live = Live(self._render(), console=console, refresh_per_second=4,
+
+class LiveView:
+    """Log lines scroll above; the status table and the run's progress bar stay at the bottom
+    of the terminal, redrawn at most REFRESH times a second. Without a terminal there is no
+    table: epoch events print as short lines instead (lines.py)."""
+
+    REFRESH = 4
+
+    def __init__(self, console: Console, tasks: list[TaskProgress], title: str,
+                 raw: bool = False):
+        self.console, self.tasks, self.title, self.raw = console, tasks, title, raw
+        self.live = Live(self._render(), console=console, refresh_per_second=self.REFRESH,
                          transient=True, redirect_stdout=False, redirect_stderr=False)
 
     def _render(self):
-        return status_table(self.tasks, self.title)
+        bar = run_progress(self.tasks)
+        table = status_table(self.tasks, self.title)
+        return table if bar is None else Group(table, bar)
 
     def __enter__(self) -> "LiveView":
         if self.console.is_terminal:
@@ -74,29 +141,38 @@ class LiveView:
             self.live.stop()
 
     def lines(self, task: TaskProgress, lines: list[str]) -> None:
-        print_lines(self.console, task, lines)
+        print_lines(self.console, task, lines, self.raw,
+                    events_as_text=not self.live.is_started)
 
     def refresh(self) -> None:
         if self.live.is_started:
             self.live.update(self._render())
 
 
-def summary_table(tasks: list[TaskProgress]) -> Table:
+def summary_table(tasks: list[TaskProgress], wall_time: float | None = None) -> Table:
+    """One row per task: how it ended, its final loss and metrics; below it the run's wall
+    time and whether every task saw the same losses (synchronous training)."""
     agree = losses_agree(tasks)
-    verdict = {True: Text("yes", style="green"), False: Text("NO", style="bold red"),
-               None: Text("-", style="dim")}[agree]
-    table = Table(title="summary", title_justify="left")
-    for column in ("task", "host", "exit", "duration", "final loss", "losses agree"):
-        table.add_column(column)
+    verdict = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "[dim]-[/]"}[agree]
+    caption = f"losses agree: {verdict}"
+    if wall_time is not None:
+        caption = f"wall time {wall_time:.1f} s   " + caption
+    table = Table(title="summary", title_justify="left", caption=caption,
+                  caption_justify="left")
+    for column in ("task", "host", "exit", "duration", "epochs", "final loss", "metrics"):
+        table.add_column(column, no_wrap=column != "metrics")
     for t in tasks:
         duration = "" if t.duration is None else f"{t.duration:.1f} s"
         table.add_row(Text(t.name, style=task_style(t.index)), t.host, state_text(t), duration,
-                      "" if t.loss is None else f"{t.loss:.6g}", verdict)
+                      epoch_of(t), "" if t.loss is None else number(t.loss), metrics_text(t))
     return table
 
 
-def failure_panel(task: TaskProgress, reason: str) -> Panel:
-    body = Text("\n".join(task.tail[-20:]) or "(no output)")
+def failure_panel(task: TaskProgress, reason: str, raw: bool = False) -> Panel:
+    """The task's last lines, filtered as the console filters them (lines.py)."""
+    tail = [shown for line in task.tail
+            if (shown := shown_line(line, raw, events_as_text=False)) is not None]
+    body = Text("\n".join(tail[-20:]) or "(no output)")
     return Panel(body, title=f"{task.name} on {task.host}: {reason} — last log lines",
                  border_style="red", title_align="left")
 

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import time
 
+from pathlib import Path
+
+from rich.console import Console
+
+from deploy.console.plot import plot_losses
 from deploy.console.view import say, summary_table
 from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
 from deploy.state import localdir
-from deploy.state.progress import losses_agree
-from deploy.state.record import RunState, write_json
+from deploy.state.progress import TaskProgress, losses_agree
+from deploy.state.record import RecordError, RunState, load_record, write_json
 
 
 class Finish:
@@ -45,8 +50,12 @@ def finish(run: Run, how: str) -> int:
         run.close()
         restore()
     code = _exit_code(run, how, problems)
-    console.print(summary_table(run.tasks))
-    write_json(local_dir / localdir.SUMMARY, _summary(run, artifacts, problems, code, how))
+    wall_time = _wall_time(local_dir)
+    console.print(summary_table(run.tasks, wall_time))
+    plot = draw_loss_plot(run.tasks, local_dir, plan.run_id, console)
+    tensorboard = localdir.link_tensorboard(local_dir)
+    write_json(local_dir / localdir.SUMMARY,
+               _summary(run, artifacts, problems, code, how, wall_time, plot, tensorboard))
     state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
              Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
@@ -56,10 +65,35 @@ def finish(run: Run, how: str) -> int:
     if not problems:
         say(console, f"teardown: no process of run {plan.run_id} left; run directories "
                      f"removed on {len(plan.hosts)} host(s)", "green")
+    # Paths and commands are for copying: never wrapped.
     if artifacts:
-        console.print(f"artifacts: {artifacts} file(s) in {local_dir / 'artifacts'}",
-                      highlight=False)
+        say(console, f"artifacts:   {artifacts} file(s) in {local_dir / localdir.ARTIFACTS}",
+            soft_wrap=True)
+    if plot:
+        say(console, f"loss curve:  {plot}", soft_wrap=True)
+    say(console, f"summary:     {local_dir / localdir.SUMMARY}", soft_wrap=True)
+    if tensorboard:
+        say(console, f"TensorBoard: tensorboard --logdir {tensorboard}", soft_wrap=True)
     return code
+
+
+def draw_loss_plot(tasks: list[TaskProgress], local_dir: Path, run_id: str,
+                   console: Console) -> Path | None:
+    """runs/<id>/loss.png from the tasks' losses; None when there were none to draw."""
+    path = local_dir / localdir.LOSS_PLOT
+    try:
+        return path if plot_losses(tasks, path, f"run {run_id}") else None
+    except OSError as exc:  # a full disk must not hide how the run ended
+        say(console, f"{path}: could not write the loss plot: {exc}", "yellow")
+        return None
+
+
+def _wall_time(local_dir: Path) -> float | None:
+    """Seconds from the run's start (its record) to now."""
+    try:
+        return time.time() - load_record(local_dir).started
+    except RecordError:
+        return None
 
 
 def _drain_logs(run: Run) -> None:
@@ -80,10 +114,14 @@ def _exit_code(run: Run, how: str, problems: list[str]) -> int:
     return 0 if all(t.state == "exited" and t.code == 0 for t in run.tasks) else 1
 
 
-def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str) -> dict:
+def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str,
+             wall_time: float | None, plot: Path | None, tensorboard: Path | None) -> dict:
     return {
         "run_id": run.plan.run_id,
         "exit_code": code,
+        "wall_time_s": None if wall_time is None else round(wall_time, 3),
+        "loss_plot": None if plot is None else str(plot),
+        "tensorboard": None if tensorboard is None else str(tensorboard),
         "interrupted": how == Finish.INTERRUPTED,
         "ended_by": how,
         "attempts": run.attempt,
@@ -96,6 +134,7 @@ def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str)
         "tasks": [{
             "task": t.name, "host": t.host, "state": t.state, "exit_code": t.code,
             "duration_s": None if t.duration is None else round(t.duration, 3),
-            "epochs": t.epoch, "final_loss": t.loss, "losses": t.losses,
+            "epochs": t.epoch, "epochs_total": t.epochs_total, "final_loss": t.loss,
+            "metrics": t.metrics, "losses": t.losses, "val_losses": t.val_losses,
         } for t in run.tasks],
     }

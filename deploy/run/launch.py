@@ -63,7 +63,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     # from which `inv down` finds the run.
     write_record(local_dir, RunRecord.of(skeleton, RunState.STARTING, started,
                                          restarts=settings.restarts))
-    run = Run(skeleton, session, local_dir, console)
+    run = Run(skeleton, session, local_dir, console, raw=settings.verbose)
     # This controller writes the local logs; another one (inv logs --follow) must not too.
     lock = FollowLock(local_dir)
     lock.acquire()

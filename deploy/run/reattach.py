@@ -13,8 +13,9 @@ from pathlib import Path
 from rich.console import Console
 
 from deploy.console.view import runs_table, say, status_table
+from deploy.errors import Failure
 from deploy.inventory.model import Inventory
-from deploy.run.finish import Finish, finish
+from deploy.run.finish import Finish, draw_loss_plot, finish
 from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, load_local_logs
 from deploy.run.watch import follow_to_end
 from deploy.ssh.session import Session
@@ -99,6 +100,8 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
     try:
         record, run = _open(runs_dir, record.run_id, settings, console, only_task=task,
                             writes_logs=True)
+        # Plain `inv logs` prints the log as it is; following it looks like `inv train`.
+        run.raw = not follow or settings.verbose
         how = Finish.DONE
         try:
             load_local_logs(run, run.show)
@@ -120,6 +123,22 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
         return finish(run, how)
     finally:
         lock.release()
+
+
+def plot(runs_dir: Path, run_id: str | None, console: Console) -> int:
+    """Draw runs/<id>/loss.png again from the local copies of the logs, however the run
+    ended (or while it runs: from what has reached this machine)."""
+    local_dir = find_run(runs_dir, run_id)
+    record = load_record(local_dir)
+    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
+              writes_logs=False)
+    load_local_logs(run, None)
+    path = draw_loss_plot(run.tasks, local_dir, record.run_id, console)
+    if path is None:
+        raise Failure(f"run {record.run_id}: no task reported a loss in its log "
+                      f"({local_dir}): nothing to plot")
+    say(console, f"loss curve: {path}")
+    return 0
 
 
 def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
@@ -149,7 +168,7 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Con
 def _show_local(record: RunRecord, local_dir: Path, console: Console,
                 task: int | None) -> None:
     run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
-              only_task=task, writes_logs=False)
+              only_task=task, writes_logs=False, raw=True)
     load_local_logs(run, run.show)
 
 

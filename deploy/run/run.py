@@ -35,14 +35,18 @@ class RunSettings:
     detach: bool = False
     # Probe every host and the TCP mesh before anything is written anywhere (run/check.py).
     check: bool = True
+    # Show every log line as written, TensorFlow's C++ log and event lines too (lines.py).
+    verbose: bool = False
 
 
 class Run:
     def __init__(self, plan: RunPlan, session: Session | None, local_dir: Path,
-                 console: Console, only_task: int | None = None, writes_logs: bool = True):
+                 console: Console, only_task: int | None = None, writes_logs: bool = True,
+                 raw: bool = False):
         self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
         self.tasks = [TaskProgress(t.index, t.host.name) for t in plan.tasks]
         self.only_task = only_task          # `inv logs --task N`: print only its lines
+        self.raw = raw                      # print every line as written (no filter)
         self.writes_logs = writes_logs      # False while another controller follows the run
         self.logs = {t.index: open(localdir.task_log(local_dir, t.index), "ab")
                      for t in plan.tasks} if writes_logs else {}
@@ -63,7 +67,7 @@ class Run:
         if view:
             view.lines(task, lines)
         else:
-            print_lines(self.console, task, lines)
+            print_lines(self.console, task, lines, self.raw)
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}

@@ -29,7 +29,7 @@ class Watch:
         self.followers.start_all(run.offsets())
         deadline = time.monotonic() + self.start_timeout if self.start_timeout > 0 else 0.0
         try:
-            with LiveView(run.console, run.tasks, f"run {run.plan.run_id}") as view:
+            with LiveView(run.console, run.tasks, f"run {run.plan.run_id}", run.raw) as view:
                 while not all(t.finished for t in run.tasks):
                     if deadline and time.monotonic() > deadline:
                         self.check_started()
@@ -77,7 +77,7 @@ class Watch:
         reason = (f"exit code {task.code}" if task.state == "exited"
                   else "its process group vanished without an exit code")
         self.run.failure = (task, reason)
-        self.run.console.print(failure_panel(task, reason))
+        self.run.console.print(failure_panel(task, reason, self.run.raw))
         say(self.run.console, f"{task.name} failed: stopping the other tasks", "red")
         self.stopper.stop()
 
@@ -91,7 +91,7 @@ class Watch:
         if stuck and run.failure is None:
             names = ", ".join(f"{t.name} ({t.host})" for t in stuck)
             for task in stuck:
-                run.console.print(failure_panel(task, "no training step yet"))
+                run.console.print(failure_panel(task, "no training step yet", run.raw))
             run.failure = (stuck[0], f"startup watchdog: {names} did not reach a first "
                                      f"training step within {self.start_timeout:g} s")
             say(run.console, run.failure[1] + " — stopping the run", "red")

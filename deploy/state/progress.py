@@ -27,6 +27,10 @@ class TaskProgress:
     loss: float | None = None
     losses: list[float] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+    val_losses: list[float] = field(default_factory=list)
+    epochs_total: int | None = None  # from the start event, when the payload says
+    steps_per_epoch: int | None = None
+    epoch_seconds: list[float] = field(default_factory=list)
     first_step: bool = False
     speaks_events: bool = False      # printed any {"event": ...} line
     partial: bytes = b""
@@ -96,21 +100,57 @@ class TaskProgress:
             return
         self.speaks_events = True
         kind = event.get("event")
-        if kind == "first_step":
+        if kind == "start":
+            self.epochs_total = _count(event.get("epochs"))
+            self.steps_per_epoch = _count(event.get("steps_per_epoch"))
+        elif kind == "first_step":
             self.first_step = True
         elif kind == "resumed" and isinstance(event.get("epoch"), int):
             # Training goes on after the last backed-up epoch: the losses of epochs after
             # it (from a failed attempt) are replaced by the new attempt's.
-            del self.losses[event["epoch"]:]
+            for series in (self.losses, self.val_losses, self.epoch_seconds):
+                del series[event["epoch"]:]
         elif kind == "epoch":
             self.first_step = True
             self.epoch = event.get("epoch")
             loss = event.get("loss")
-            if isinstance(loss, (int, float)):
+            if _is_number(loss):
                 self.loss = float(loss)
                 self.losses.append(float(loss))
+            if _is_number(event.get("val_loss")):
+                self.val_losses.append(float(event["val_loss"]))
+            if _is_number(event.get("seconds")) and event["seconds"] > 0:
+                self.epoch_seconds.append(float(event["seconds"]))
+            # "seconds" is how long the epoch took, not a metric of the model.
             self.metrics = {k: v for k, v in event.items()
-                            if k not in ("event", "task", "epoch") and isinstance(v, (int, float))}
+                            if k not in ("event", "task", "epoch", "seconds") and _is_number(v)}
+
+    @property
+    def steps_per_second(self) -> float | None:
+        """Training steps per second in the last epoch (the payload says how many steps an
+        epoch has and how long it took)."""
+        if not self.steps_per_epoch or not self.epoch_seconds:
+            return None
+        return self.steps_per_epoch / self.epoch_seconds[-1]
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds until the last epoch ends, from the recent epochs' mean duration. The first
+        epoch is left out once others exist: it includes tracing the model and joining the
+        cluster, which later epochs do not pay."""
+        if not self.epochs_total or self.epoch is None or not self.epoch_seconds:
+            return None
+        recent = self.epoch_seconds[1:][-5:] or self.epoch_seconds
+        return max(0, self.epochs_total - self.epoch) * sum(recent) / len(recent)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 def parse_event(line: str) -> dict | None:

@@ -89,7 +89,7 @@ def test_detach_status_and_logs_follow_complete_the_run(lab, tmp_path):
         assert "[worker-0" not in first.stdout
         seen = (runs / run_id / "worker-1.log").read_bytes()
         assert seen and b"worker-1" not in seen
-        done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow")
+        done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow", "--verbose")
         assert done.returncode == 0, done.stdout + done.stderr
         summary = json.loads((runs / run_id / "summary.json").read_text())
         assert summary["exit_code"] == 0 and summary["losses_agree"] is True
