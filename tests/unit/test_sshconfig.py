@@ -282,7 +282,8 @@ def test_the_keyscan_hint_names_the_address_and_where_to_run_it():
             ("[10.0.0.5]:2222", "ssh ssh://admin@gw:22 ",
              "ssh ssh://admin@gw:22 ssh-keyscan -p 2222 10.0.0.5 >> /kh")]:
         port = int(name.rsplit(":", 1)[1]) if name.startswith("[") else 22
-        policy = hostkeys.RefuseUnknown("a (x)", Path("/kh"), port, scan_from)
+        hop = Hop("x", name.strip("[").split("]")[0], port)
+        policy = hostkeys.OpenSshCheck("a (x)", hop, ("/kh",), False, scan_from)
         with pytest.raises(hostkeys.HostKeyRefused) as caught:
             policy.missing_host_key(None, name, key)
         assert str(caught.value).endswith("or add it with: " + hint)
