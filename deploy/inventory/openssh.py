@@ -64,6 +64,8 @@ class OpenSsh:
         """The host's login and gateways as ssh resolves them, with the inventory's fields
         standing for the matching ssh flags."""
         keys = (identity_file,) if identity_file else ()   # ~ expanded when logging in
+        if jump is not None and jump.lower() != sshconfig.NO_FILE:
+            sshconfig.parse_hops(jump, "jump")      # its names checked before ssh runs at all
         found = self.options(ssh_config, address, user, port)
         target = _hop(found, address, address, user, keys_first=keys)
         if jump is not None:        # like -J, which also puts a ProxyCommand out of play
