@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from importlib import metadata
+from json import dumps
 from pathlib import Path
 
 from invoke import Collection, Exit, Program, task
@@ -17,6 +18,7 @@ from rich.text import Text
 from deploy.console.checkview import report_view
 from deploy.errors import BadInput, TfdeployError
 from deploy.inventory.builtin import chosen_inventory
+from deploy.inventory.logins import login_documents, login_text
 from deploy.inventory.model import Inventory
 from deploy.plan.command import split_args
 from deploy.plan.lints import refuse_problems
@@ -195,6 +197,24 @@ def setup(c, hosts="", payload="payload", wheelhouse="", connect_timeout="10",
                           seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
                           console)
     exit_with(code)
+
+
+@task(help={"hosts": HOSTS_HELP,
+            "json": "print a JSON list, one object per host (name, hostname, user, port, "
+                    "identity_files, known_hosts, host_key_alias, jump, proxy_command, ...)"})
+def hosts(c, hosts="", json=False):
+    """Show how tfdeploy will log in to each host, as OpenSSH resolves it; connects nowhere.
+
+    Per host: user, address and port, gateways or ProxyCommand, key files, and where its host
+    key is looked up. Exit status: 0, or 2 for an inventory or ssh config that is refused.
+    """
+    console = Console(highlight=False)
+    with reported(console):
+        chosen = inventory(Console(stderr=True, highlight=False) if json else console, hosts)
+        if json:
+            print(dumps(login_documents(chosen), indent=2))
+        else:
+            console.print(login_text(chosen), markup=False, end="")
 
 
 RUN_HELP = {

@@ -5,6 +5,7 @@ error names the file, the host, the field and (where YAML gives it) the line.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import re
@@ -14,10 +15,11 @@ from typing import Any, Mapping
 
 import yaml
 
-from deploy.inventory import sshconfig
+from deploy.inventory import openssh, sshconfig
 from deploy.inventory.datasource import parse_data
 from deploy.inventory.model import EnvValue, Host, Inventory, InventoryError
-from deploy.inventory.sshconfig import SshConfigError, SshConfigs
+from deploy.inventory.names import name_problem
+from deploy.inventory.sshconfig import Route, SshConfigError, SshConfigs
 
 TRANSPORTS = ("ssh", "local")
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -112,12 +114,12 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
         raise InventoryError(file, "must be a non-empty list of hosts", field="hosts",
                              line=where.line("hosts"))
     hosts: list[Host] = []
-    configs = SshConfigs()
+    resolvers = Resolvers()
     for i, raw in enumerate(raw_hosts):
         if not isinstance(raw, dict):
             raise InventoryError(file, f"host #{i + 1} must be a mapping", field="hosts",
                                  line=where.line("hosts", i))
-        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ, configs))
+        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ, resolvers))
     _check_unique(file, where, hosts)
     return Inventory(path=file, hosts=tuple(hosts))
 
@@ -136,7 +138,7 @@ def _unknown(key: Any, known: Mapping) -> str:
 
 
 def _host(file: str, where: _Located, i: int, raw: dict, own: set,
-          environ: Mapping[str, str], configs: SshConfigs) -> Host:
+          environ: Mapping[str, str], resolvers: "Resolvers") -> Host:
     name = raw.get("name")
     label = name if isinstance(name, str) else f"#{i + 1}"
 
@@ -202,34 +204,69 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     data = raw.get("data")
     if data is not None:
         data = parse_data(data, Path(file).parent, lambda msg: fail("data", msg))
-    ssh = _ssh_route(raw, address, transport, configs, fail)
+    route = _ssh_route(raw, address, transport, resolvers, fail)
+    target = route.target if route else None
+    if "host_key_policy" not in raw and route and route.accept_new:
+        policy = "accept-new"       # StrictHostKeyChecking accept-new in the ssh config
     return Host(
         name=name, address=address, transport=transport, port=port, user=raw.get("user"),
         identity_file=raw.get("identity_file"),
-        known_hosts=raw.get("known_hosts") or ssh.get("known_hosts") or "~/.ssh/known_hosts",
+        known_hosts=raw.get("known_hosts") or "~/.ssh/known_hosts",
         host_key_policy=policy,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
         cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
         own_python="python" in raw, gpus=gpus, data=data,
         ssh_config=raw.get("ssh_config", sshconfig.DEFAULT_FILE), jump=raw.get("jump"),
-        target=ssh.get("target"), via=ssh.get("via", ()),
+        target=target, via=route.via if route else (),
     )
 
 
-def _ssh_route(raw: dict, address: str, transport: str, configs: SshConfigs, fail) -> dict:
+def _ssh_route(raw: dict, address: str, transport: str, resolvers: Resolvers,
+               fail) -> Route | None:
     """The host's login and gateways through its ssh config (nothing for a local host)."""
     if transport == "local":
         if raw.get("jump") is not None:
             raise fail("jump", "a local host is not reached over SSH; remove jump")
-        return {}
+        return None
+    for key in ("address", "user"):     # before `ssh -G` or a `Match exec` can see them
+        problem = raw.get(key) is not None and name_problem(raw[key])
+        if problem:
+            raise fail(key, problem)
     try:
-        target, via, known_hosts = sshconfig.host_route(
-            configs, raw.get("ssh_config", sshconfig.DEFAULT_FILE), address, raw.get("port"),
-            raw.get("user"), raw.get("identity_file"), raw.get("jump"))
+        return resolvers.route(raw.get("ssh_config", sshconfig.DEFAULT_FILE), address,
+                               raw.get("port"), raw.get("user"), raw.get("identity_file"),
+                               raw.get("known_hosts"), raw.get("jump"))
     except SshConfigError as exc:
         raise fail(exc.field, str(exc)) from None
-    return {"target": target, "via": via, "known_hosts": known_hosts}
+
+
+class Resolvers:
+    """Who resolves the logins of one inventory load: OpenSSH (`ssh -G`), or where `ssh` is
+    not installed, tfdeploy's own parser of the ssh config (saying so once)."""
+    said = False
+
+    def __init__(self) -> None:
+        self.openssh = openssh.OpenSsh() if openssh.available() else None
+        self.configs = SshConfigs()
+
+    def route(self, ssh_config: str, address: str, port: int | None, user: str | None,
+              identity_file: str | None, known_hosts: str | None, jump: str | None) -> Route:
+        if self.openssh is not None:
+            return self.openssh.route(ssh_config, address, port, user, identity_file,
+                                      known_hosts, jump)
+        if not Resolvers.said:
+            Resolvers.said = True
+            print(f"note: `{openssh.SSH}` is not installed: the ssh config is read by tfdeploy's "
+                  f"own parser, which knows less of it than OpenSSH (no Match, no tokens, no "
+                  f"ProxyCommand)", file=sys.stderr)
+        route = sshconfig.host_route(self.configs, ssh_config, address, port, user,
+                                     identity_file, jump)
+        if not known_hosts:
+            return route
+        files = (os.path.expanduser(known_hosts),)
+        return Route(dataclasses.replace(route.target, known_hosts=files),
+                     tuple(dataclasses.replace(hop, known_hosts=files) for hop in route.via))
 
 
 def _gpus(raw: dict, fail) -> tuple[int, ...] | str | None:

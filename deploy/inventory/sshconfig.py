@@ -1,11 +1,15 @@
-"""SSH as users have it: ssh config aliases (HostName, User, Port, IdentityFile, ProxyJump,
-UserKnownHostsFile) and gateways, resolved once when the inventory is loaded.
+"""SSH as users have it: the login of every host resolved once, when the inventory is loaded,
+into Hop values (the host itself, and each gateway on the way).
+
+OpenSSH resolves it (openssh.py runs `ssh -G`); this module holds the Hop value, the gateway
+spec syntax, and the parser used where `ssh` is not installed: paramiko's SSHConfig with
+Include followed (HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile).
 
 Everything downstream gets real values: the cluster address of an alias is its HostName (an
-alias means nothing on the other hosts), host keys are looked up as `[HostName]:Port` as
-OpenSSH does, and a gateway chain is a list of resolved hops. The transport reads no ssh
-config of its own, so what was checked is what is used, and a run record reconnects the same
-way even if the config file changed since.
+alias means nothing on the other hosts), host keys are looked up as OpenSSH does, and a
+gateway chain is a list of resolved hops. The transport reads no ssh config of its own, so
+what was checked is what is used, and a run record reconnects the same way even if the config
+file changed since.
 """
 from __future__ import annotations
 
@@ -14,15 +18,18 @@ import io
 import os
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import paramiko
 
 from deploy.errors import BadInput
+from deploy.inventory.names import name_problem
 
 DEFAULT_FILE = "~/.ssh/config"          # the inventory's default: USER_FILE, then SYSTEM_FILE
 USER_FILE = "~/.ssh/config"
 SYSTEM_FILE = "/etc/ssh/ssh_config"
 NO_FILE = "none"                         # like `ssh -F none`: no config at all
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"   # OpenSSH's UserKnownHostsFile
 MAX_INCLUDE_DEPTH = 16
 MAX_HOPS = 8
 # [user@]host[:port]; host may be [IPv6]. An ssh:// prefix is allowed, as OpenSSH allows it.
@@ -47,6 +54,15 @@ class Hop:
     port: int = 22
     user: str | None = None         # None: the local user
     identity_files: tuple[str, ...] = ()
+    # Below: as `ssh -G` resolves them. A record written before they existed has the defaults.
+    identities_only: bool = False
+    identity_agent: str | None = None   # a socket, or "none"; None: $SSH_AUTH_SOCK
+    certificate_files: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] | None = None  # user files, in order; None: the host's file
+    global_known_hosts: tuple[str, ...] = ()
+    host_key_alias: str | None = None
+    proxy_command: str | None = None    # tokens expanded; run with the user's shell
+    connect_timeout: float | None = None
 
     def shown(self) -> str:
         return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}"
@@ -57,8 +73,17 @@ class Hop:
         return self.name if shown in (self.name, f"{self.name}:22") else f"{self.name} ({shown})"
 
 
+@dataclass(frozen=True)
+class Route:
+    """How a host is reached: its own login, and the gateways before it, first hop first."""
+    target: Hop
+    via: tuple[Hop, ...] = ()
+    accept_new: bool = False     # the ssh config says StrictHostKeyChecking accept-new (or no)
+
+
 def parse_hops(spec: str, field: str = "jump") -> list[tuple[str | None, str, int | None]]:
-    """`gw`, `admin@gw:2222` or a chain `gw1,gw2` (ProxyJump syntax) as (user, host, port)."""
+    """`gw`, `admin@gw:2222` or a chain `gw1,gw2` (ProxyJump syntax) as (user, host, port);
+    names that ssh must not see (names.py) are refused here, before any lookup."""
     hops = []
     for part in spec.split(","):
         match = HOP.fullmatch(part.strip())
@@ -67,6 +92,10 @@ def parse_hops(spec: str, field: str = "jump") -> list[tuple[str | None, str, in
             raise SshConfigError(f"{part.strip()!r} is not a gateway; use [user@]host[:port] "
                                  f"(an ssh-config alias will do), several separated by commas",
                                  field)
+        for what, name in (("user", match.group("user")), ("host", match.group("host"))):
+            problem = name and not name.startswith("[") and name_problem(name)
+            if problem:
+                raise SshConfigError(f"gateway {what} {problem}", field)
         hops.append((match.group("user"), match.group("host").strip("[]"),
                      int(port) if port else None))
     return hops
@@ -149,7 +178,9 @@ def resolve(config: paramiko.SSHConfig, name: str, host: str, port: int | None =
     return Hop(name=name, hostname=found.get("hostname", host), port=port or 22,
                user=user or found.get("user"),
                identity_files=tuple(dict.fromkeys(
-                   (*keys_first, *found.get("identityfile", ()), *keys_then))))
+                   (*keys_first, *found.get("identityfile", ()), *keys_then))),
+               known_hosts=tuple(os.path.expanduser(f) for f in found.get(
+                   "userknownhostsfile", DEFAULT_KNOWN_HOSTS).split() if f != NO_FILE))
 
 
 def proxy_jump(config: paramiko.SSHConfig, host: str) -> str | None:
@@ -157,13 +188,11 @@ def proxy_jump(config: paramiko.SSHConfig, host: str) -> str | None:
     return None if value is None or value.lower() == NO_FILE else value
 
 
-def known_hosts_file(config: paramiko.SSHConfig, host: str) -> str | None:
-    """The first UserKnownHostsFile the config gives `host`, if any."""
-    value = config.lookup(host).get("userknownhostsfile")
-    return value.split()[0] if value else None
+# (name, host, port, user, keys tried after its own, field) -> the hop and its own ProxyJump
+Lookup = Callable[[str, str, "int | None", "str | None", tuple, str], "tuple[Hop, str | None]"]
 
 
-def gateways(config: paramiko.SSHConfig, spec: str, keys: tuple[str, ...], field: str,
+def gateways(lookup: Lookup, spec: str, keys: tuple[str, ...], field: str,
              depth: int = 0) -> tuple[Hop, ...]:
     """The hops of a ProxyJump-style `spec`, first hop first. As with `ssh -J`, the first hop
     is reached by its own ProxyJump from the config, if it has one. `keys` (the host's own
@@ -171,23 +200,22 @@ def gateways(config: paramiko.SSHConfig, spec: str, keys: tuple[str, ...], field
     hops: list[Hop] = []
     for i, (user, host, port) in enumerate(parse_hops(spec, field)):
         name = f"{user + '@' if user else ''}{host}{':' + str(port) if port else ''}"
-        hop = resolve(config, name, host, port, user, keys_then=keys, field=field)
-        own = proxy_jump(config, host) if i == 0 else None
+        hop, own = lookup(name, host, port, user, keys, field)
+        own = own if i == 0 else None
         # `Host *` with a ProxyJump also matches the gateway itself; OpenSSH would loop there.
         if own and parse_hops(own, "ssh_config")[0][1] not in (host, hop.hostname):
             if depth >= MAX_HOPS:
                 raise SshConfigError(f"ProxyJump chain of {host!r} is longer than {MAX_HOPS} "
                                      f"hops (a loop?)", "ssh_config")
-            hops += gateways(config, own, keys, "ssh_config", depth + 1)
+            hops += gateways(lookup, own, keys, "ssh_config", depth + 1)
         hops.append(hop)
     return tuple(hops)
 
 
 def host_route(configs: SshConfigs, ssh_config: str, address: str, port: int | None,
-               user: str | None, identity_file: str | None,
-               jump: str | None) -> tuple[Hop, tuple[Hop, ...], str | None]:
-    """The host's resolved login, its gateways (the inventory's `jump` wins over a ProxyJump
-    in the config; `jump: none` turns that off) and the config's known_hosts file, if any."""
+               user: str | None, identity_file: str | None, jump: str | None) -> Route:
+    """The host's resolved login and its gateways (the inventory's `jump` wins over a
+    ProxyJump in the config; `jump: none` turns that off)."""
     config = configs.get(ssh_config)
     keys = (identity_file,) if identity_file else ()
     target = resolve(config, address, address, port, user, keys_first=keys)
@@ -195,5 +223,8 @@ def host_route(configs: SshConfigs, ssh_config: str, address: str, port: int | N
         spec, field = (None if jump.lower() == NO_FILE else jump), "jump"
     else:
         spec, field = proxy_jump(config, address), "ssh_config"
-    via = gateways(config, spec, keys, field) if spec else ()
-    return target, via, known_hosts_file(config, address)
+
+    def lookup(name, host, port, user, keys_then, field):
+        return (resolve(config, name, host, port, user, keys_then=keys_then, field=field),
+                proxy_jump(config, host))
+    return Route(target, gateways(lookup, spec, keys, field) if spec else ())

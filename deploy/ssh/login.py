@@ -1,6 +1,6 @@
 """SSH logins as the controller makes them: a host's own login, through its gateways if it
-has any (`jump:` or a ProxyJump in the ssh config), every hop's host key checked against the
-host's known_hosts with the host's policy.
+has any (`jump:` or a ProxyJump in the ssh config) or through its ProxyCommand, every hop's
+host key checked as OpenSSH checks it (hostkeys.py) with the host's policy.
 
 Hosts behind the same gateways share one login to them: the next hop is a direct-tcpip
 channel (like `ssh -J`), and many channels go over one login. A login per host would be a
@@ -11,6 +11,7 @@ traffic goes between the hosts directly.
 """
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import threading
@@ -20,10 +21,10 @@ import paramiko
 from fabric import Config as FabricConfig
 from fabric import Connection
 
-from deploy.errors import Failure
 from deploy.inventory.model import Host
 from deploy.inventory.sshconfig import Hop
-from deploy.ssh import hostkeys
+from deploy.ssh import hostkeys, proxy
+from deploy.ssh.errors import LoginFailed
 
 
 class GcmFirstTransport(paramiko.Transport):
@@ -34,10 +35,6 @@ class GcmFirstTransport(paramiko.Transport):
     _preferred_ciphers = (
         *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" in c),
         *(c for c in paramiko.Transport._preferred_ciphers if "-gcm@" not in c))
-
-
-class LoginFailed(Failure):
-    """A login or a channel failed; the message names the hop (and the host, for its own)."""
 
 
 class HostLogin:
@@ -82,14 +79,22 @@ class HostLogin:
         return logins
 
     def _login(self, hop: Hop, sock, where: str, before: list[Hop]) -> Connection:
-        # Key files that do not exist are skipped, as `ssh` skips them; the agent and
-        # ~/.ssh/id_* are tried after them (paramiko's defaults, left on).
+        check = hostkeys.OpenSshCheck(where, hop, user_known_hosts(self.host, hop),
+                                      self.accept_new, _scan_from(before))
+        if sock is None and hop.proxy_command:
+            sock = proxy.open_proxy(hop.proxy_command, where)
+        # Key files that do not exist are skipped, as `ssh` skips them. As in ssh, ~/.ssh/id_*
+        # are tried only where no key file is configured, and IdentitiesOnly leaves out the
+        # agent (whose keys would be the configured files' anyway).
         kwargs: dict = {"key_filename": [k for k in map(os.path.expanduser, hop.identity_files)
                                          if os.path.exists(k)],
-                        "transport_factory": GcmFirstTransport,
+                        "look_for_keys": not (hop.identity_files or hop.identities_only),
+                        "allow_agent": not hop.identities_only and (
+                            hop.identity_agent or "").lower() != "none",
+                        "transport_factory": _preferring(check.key_types()),
                         # paramiko's own timeout: Fabric's connect_timeout is rounded down
                         # to whole seconds (0.5 would become no limit at all). 0: no limit.
-                        "timeout": self.timeout or None}
+                        "timeout": hop.connect_timeout or self.timeout or None}
         if sock is not None:
             kwargs["sock"] = sock
         # The ssh config was read when the inventory was loaded; Fabric reads none (an empty
@@ -97,10 +102,13 @@ class HostLogin:
         login = Connection(host=hop.hostname, user=hop.user, port=hop.port, gateway=False,
                            config=FabricConfig(ssh_config=paramiko.SSHConfig()),
                            connect_kwargs=kwargs)
-        hostkeys.configure(login.client, where, self.host.known_hosts, hop.port,
-                           self.accept_new, _scan_from(before))
+        login.client.set_missing_host_key_policy(check)
+        if kwargs["allow_agent"] and hop.identity_agent not in (None, "SSH_AUTH_SOCK"):
+            # paramiko asks only $SSH_AUTH_SOCK's agent; an IdentityAgent socket is given
+            # to the client as the agent it would otherwise make itself.
+            login.client._agent = _agent_at(hop.identity_agent, where)
         try:
-            _connect(login, hop, where, self.host.known_hosts)
+            _connect(login, hop, where)
         except BaseException:
             login.close()
             raise
@@ -183,16 +191,45 @@ def tunnel(gateway: Connection, hop: Hop, where: str, timeout: float) -> paramik
                           f"{getattr(exc, 'text', None) or exc or 'no answer'}") from None
 
 
-def _connect(login: Connection, hop: Hop, where: str, known_hosts: str) -> None:
+def user_known_hosts(host: Host, hop: Hop) -> tuple[str, ...]:
+    """The hop's user known_hosts files; a record from before they were resolved has the
+    host's one file."""
+    files = hop.known_hosts if hop.known_hosts is not None else (host.known_hosts,)
+    return tuple(os.path.expanduser(f) for f in files)
+
+
+def _preferring(key_types: list[str]):
+    """A transport that asks first for the host key types known_hosts has for the host."""
+    def transport(*args, **kwargs) -> paramiko.Transport:
+        made = GcmFirstTransport(*args, **kwargs)
+        options = made.get_security_options()
+        first = [t for t in dict.fromkeys(key_types) if t in options.key_types]
+        options.key_types = first + [t for t in options.key_types if t not in first]
+        return made
+    return transport
+
+
+def _agent_at(path: str, where: str) -> paramiko.Agent:
+    agent = paramiko.Agent.__new__(paramiko.Agent)
+    paramiko.agent.AgentSSH.__init__(agent)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(os.path.expanduser(path))
+    except OSError as exc:
+        sock.close()
+        raise LoginFailed(f"{where}: cannot reach the IdentityAgent {path}: "
+                          f"{exc.strerror or exc}") from None
+    agent._connect(sock)
+    return agent
+
+
+def _connect(login: Connection, hop: Hop, where: str) -> None:
     try:
         login.open()
     except hostkeys.HostKeyRefused as exc:
         raise LoginFailed(str(exc)) from None
-    except paramiko.BadHostKeyException as exc:
-        raise LoginFailed(
-            f"{where}: HOST KEY CHANGED: known_hosts has {hostkeys.fingerprint(exc.expected_key)},"
-            f" the server offers {hostkeys.fingerprint(exc.key)}. Refusing to connect; if the "
-            f"host was really reinstalled, remove its old line from {known_hosts}") from None
+    except paramiko.ProxyCommandFailure as exc:
+        raise LoginFailed(f"{where}: the ProxyCommand failed: {exc}") from None
     except paramiko.AuthenticationException as exc:
         raise LoginFailed(f"{where}: SSH authentication failed as {login.user!r}"
                           f"{_keys_tried(hop)}: {exc}") from None
@@ -201,7 +238,10 @@ def _connect(login: Connection, hop: Hop, where: str, known_hosts: str) -> None:
                           f"(timed out) — host down or firewalled?") from None
     except paramiko.SSHException as exc:
         if "No authentication methods" not in str(exc):
-            raise LoginFailed(f"{where}: cannot connect to port {hop.port}: {exc}") from None
+            through = f" through the ProxyCommand {hop.proxy_command!r}" if (
+                hop.proxy_command) else ""
+            raise LoginFailed(f"{where}: cannot connect to port {hop.port}{through}: "
+                              f"{exc}") from None
         # No key file, no agent key, no ~/.ssh/id_*: nothing was even offered.
         raise LoginFailed(f"{where}: SSH authentication failed as {login.user!r}: no key "
                           f"to offer{_keys_tried(hop)}") from None
@@ -215,7 +255,8 @@ def _scan_from(hops: list[Hop]) -> str:
     if not hops:
         return ""
     jump = f"-J {','.join(h.shown() for h in hops[:-1])} " if len(hops) > 1 else ""
-    return f"ssh {jump}ssh://{hops[-1].shown()} "
+    last = hops[-1]     # the user said, as this is a command to run by hand
+    return f"ssh {jump}ssh://{last.user or getpass.getuser()}@{last.hostname}:{last.port} "
 
 
 def _keys_tried(hop: Hop) -> str:

@@ -314,7 +314,8 @@ def _stored(value):
 
 
 def _hop(fields: dict) -> Hop:
-    return Hop(**{**fields, "identity_files": tuple(fields["identity_files"])})
+    """A recorded login; lists back to tuples (a field a record predates keeps its default)."""
+    return Hop(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def _host(fields: dict) -> Host:

@@ -230,7 +230,10 @@ hosts:
                      identity_file="~/.ssh/lab", known_hosts="~/.ssh/known_hosts",
                      host_key_policy="accept-new", python="python3", workdir="/srv/tf",
                      cluster_address="", workers=2,
-                     target=Hop("10.1.2.3", "10.1.2.3", 2222, "alice", ("~/.ssh/lab",)),
+                     # The login; its other resolved fields (known_hosts files...) as they are.
+                     target=dataclasses.replace(a.target, name="10.1.2.3",
+                                                hostname="10.1.2.3", port=2222, user="alice",
+                                                identity_files=("~/.ssh/lab",)),
                      env={"FROM_DEFAULTS": EnvValue("d"), "OVERRIDDEN": EnvValue("mine"),
                           "GREETING": EnvValue("hello"), "N": EnvValue("3"),
                           "F": EnvValue("0.5")})

@@ -10,7 +10,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from deploy.inventory import sshconfig
+from deploy.inventory import openssh, sshconfig
 from deploy.inventory.load import load_inventory
 from deploy.inventory.model import InventoryError
 from deploy.inventory.sshconfig import Hop, SshConfigError, parse_hops
@@ -46,12 +46,30 @@ Host *
 """
 
 
+@pytest.fixture(params=["ssh -G", "parser"], autouse=True)
+def resolver(request, monkeypatch):
+    """Every test twice: resolved by OpenSSH, and by tfdeploy's parser (no `ssh` installed).
+    A test of one of them only names it: @pytest.mark.parametrize("resolver", [...])."""
+    if request.param == "parser":
+        monkeypatch.setattr(openssh, "available", lambda: False)
+    return request.param
+
+
+PARSER_ONLY = pytest.mark.parametrize("resolver", ["parser"], indirect=True)
+
+
 def inventory(tmp_path: Path, hosts: str, config: str = CONFIG, defaults: str = ""):
     (tmp_path / "ssh_config").write_text(config)
     path = tmp_path / "hosts.yaml"
     path.write_text(f"defaults:\n  ssh_config: {tmp_path / 'ssh_config'}\n{defaults}"
                     f"hosts:\n{hosts}")
     return load_inventory(path, environ={})
+
+
+def login(hop: Hop) -> tuple:
+    """The login itself: the other fields of a Hop (known_hosts files, ...) have tests of
+    their own."""
+    return hop.name, hop.hostname, hop.port, hop.user, hop.identity_files
 
 
 def one(tmp_path, host: str, **kw):
@@ -61,12 +79,13 @@ def one(tmp_path, host: str, **kw):
 
 def test_an_alias_resolves_as_ssh_resolves_it(tmp_path):
     host = one(tmp_path, "address: lab-a")
-    assert host.ssh == Hop("lab-a", "10.0.0.5", 2201, "alice",
-                           (str(Path("~/keys/lab-a").expanduser()),))
+    assert login(host.ssh) == login(Hop("lab-a", "10.0.0.5", 2201, "alice",
+                                        (str(Path("~/keys/lab-a").expanduser()),)))
     # The other hosts reach its TF ports at the HostName; an alias means nothing there.
     assert host.tf_address == "10.0.0.5" and host.cluster_address == ""
     assert host.label == "a (lab-a = 10.0.0.5)"
-    assert host.known_hosts == "/etc/lab/known_hosts"
+    assert host.known_hosts == "~/.ssh/known_hosts"      # the inventory's field, not given
+    assert host.ssh.known_hosts == ("/etc/lab/known_hosts", "/ignored/second")   # every file
     assert host.via == () and host.port is None and host.user is None
 
 
@@ -74,17 +93,21 @@ def test_the_inventory_wins_over_the_config(tmp_path):
     host = one(tmp_path, "address: lab-a, port: 22, user: bob, identity_file: /keys/mine, "
                          "known_hosts: /kh, cluster_address: 10.9.9.9")
     assert (host.ssh.port, host.ssh.user, host.known_hosts) == (22, "bob", "/kh")
+    assert host.ssh.known_hosts == ("/kh",)          # instead of the config's files
     # Both keys are offered, the inventory's first (like ssh -i beside IdentityFile).
     assert host.ssh.identity_files == ("/keys/mine", str(Path("~/keys/lab-a").expanduser()))
     assert host.tf_address == "10.9.9.9"
 
 
-def test_no_entry_and_no_file_leave_the_address_and_defaults(tmp_path):
+def test_no_entry_and_no_file_leave_the_address_and_defaults(tmp_path, resolver):
     plain = one(tmp_path, "address: 10.2.3.4")
-    assert plain.ssh == Hop("10.2.3.4", "10.2.3.4", 22, "everyone", ())  # `Host *` applies
+    assert login(plain.ssh) == login(Hop("10.2.3.4", "10.2.3.4", 22, "everyone", ()))  # `Host *`
     assert plain.label == "a (10.2.3.4)" and plain.known_hosts == "~/.ssh/known_hosts"
+    # The files read: OpenSSH's default ones, ~ expanded as ssh expands it.
+    home = openssh.home() if resolver == "ssh -G" else str(Path.home())
+    assert plain.ssh.known_hosts == (f"{home}/.ssh/known_hosts", f"{home}/.ssh/known_hosts2")
     bare = one(tmp_path, "address: lab-a, ssh_config: none")
-    assert bare.ssh == Hop("lab-a", "lab-a", 22, None, ())
+    assert login(bare.ssh) == login(Hop("lab-a", "lab-a", 22, None, ()))
 
 
 def test_the_default_file_is_the_users_then_the_systems(tmp_path, monkeypatch):
@@ -100,9 +123,12 @@ def test_the_default_file_is_the_users_then_the_systems(tmp_path, monkeypatch):
     user.unlink()
     system.unlink()
     (host,) = load_inventory(path, environ={}).hosts                  # missing default: none
-    assert host.ssh == Hop("lab-a", "lab-a", 22, None, ())
+    assert login(host.ssh) == login(Hop("lab-a", "lab-a", 22, None, ()))
 
 
+# OpenSSH resolves a relative Include against the account's ~/.ssh, which a test cannot
+# move (HOME does not); tests/ssh_corpus has Includes that `ssh -G` resolves.
+@PARSER_ONLY
 def test_include_relative_to_dot_ssh_and_absolute(tmp_path, monkeypatch):
     home = tmp_path / "home"
     (home / ".ssh" / "conf.d").mkdir(parents=True)
@@ -116,20 +142,24 @@ def test_include_relative_to_dot_ssh_and_absolute(tmp_path, monkeypatch):
                                                               ("10.0.0.6", 2202)]
 
 
-def test_include_loop_is_an_error_not_a_hang(tmp_path):
+def test_include_loop_is_an_error_not_a_hang(tmp_path, resolver):
     loop = tmp_path / "loop.conf"
     loop.write_text(f"Include {loop}\n")
-    with pytest.raises(InventoryError, match="Include nested more than 16 deep"):
+    words = {"parser": "Include nested more than 16 deep",
+             "ssh -G": "ssh refuses .*: Too many recursive configuration includes"}[resolver]
+    with pytest.raises(InventoryError, match=words):
         one(tmp_path, "address: lab-a", config=f"Include {loop}\n")
 
 
 def test_proxyjump_from_the_config_and_jump_from_the_inventory(tmp_path):
     behind = one(tmp_path, "address: behind-1, identity_file: /keys/host")
-    assert behind.via == (Hop("gw", "192.0.2.1", 2222, "admin", ("/keys/gw", "/keys/host")),)
+    assert [login(h) for h in behind.via] == [
+        login(Hop("gw", "192.0.2.1", 2222, "admin", ("/keys/gw", "/keys/host")))]
     assert behind.label == "a (behind-1 = 10.1.0.1 via gw)"
     # The inventory's jump wins over the config's ProxyJump; `jump: none` turns it off.
     mine = one(tmp_path, "address: behind-1, jump: 'root@10.7.7.7:2200'")
-    assert mine.via == (Hop("root@10.7.7.7:2200", "10.7.7.7", 2200, "root", ()),)
+    assert [login(h) for h in mine.via] == [
+        login(Hop("root@10.7.7.7:2200", "10.7.7.7", 2200, "root", ()))]
     assert one(tmp_path, "address: behind-1, jump: none").via == ()
 
 
@@ -158,6 +188,7 @@ def test_a_proxyjump_for_every_host_does_not_loop_on_the_gateway(tmp_path):
     ("Host lab-a\n    ProxyCommand nc %h %p\n", "address", "ProxyCommand"),
     ("Host lab-a\n    ProxyJump bad:port:x\n", "ssh_config", "'bad:port:x' is not a gateway"),
 ])
+@PARSER_ONLY
 def test_config_problems_name_the_host_and_field(tmp_path, config, field, words):
     with pytest.raises(InventoryError) as caught:
         one(tmp_path, "address: lab-a", config=config)
@@ -251,7 +282,8 @@ def test_the_keyscan_hint_names_the_address_and_where_to_run_it():
             ("[10.0.0.5]:2222", "ssh ssh://admin@gw:22 ",
              "ssh ssh://admin@gw:22 ssh-keyscan -p 2222 10.0.0.5 >> /kh")]:
         port = int(name.rsplit(":", 1)[1]) if name.startswith("[") else 22
-        policy = hostkeys.RefuseUnknown("a (x)", Path("/kh"), port, scan_from)
+        hop = Hop("x", name.strip("[").split("]")[0], port)
+        policy = hostkeys.OpenSshCheck("a (x)", hop, ("/kh",), False, scan_from)
         with pytest.raises(hostkeys.HostKeyRefused) as caught:
             policy.missing_host_key(None, name, key)
         assert str(caught.value).endswith("or add it with: " + hint)
