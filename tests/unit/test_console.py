@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 import json
 
-import numpy as np
 import pytest
 from matplotlib.image import imread
 from rich.console import Console

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from deploy.inventory.load import load_inventory, parse_inventory, workdir_problem
 from deploy.inventory.model import EnvValue, Host, InventoryError
-from deploy.inventory.sshconfig import Hop
 
 BAD = Path(__file__).with_name("bad_inventories")
 REPO = Path(__file__).resolve().parents[2]
