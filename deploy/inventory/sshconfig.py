@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import paramiko
 
 from deploy.errors import BadInput
+from deploy.inventory.address import Address
 
 DEFAULT_FILE = "~/.ssh/config"          # the inventory's default: USER_FILE, then SYSTEM_FILE
 USER_FILE = "~/.ssh/config"
@@ -48,8 +49,13 @@ class Hop:
     user: str | None = None         # None: the local user
     identity_files: tuple[str, ...] = ()
 
+    @property
+    def address(self) -> Address:
+        return Address.parse(self.hostname)
+
     def shown(self) -> str:
-        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}"
+        """`user@host:port`, as `ssh -J` and `ssh://` take it: `user@[::1]:2222` for IPv6."""
+        return f"{self.user + '@' if self.user else ''}{self.address.with_port(self.port)}"
 
     def described(self) -> str:
         """The name as written, and the login it resolves to where that says more."""
@@ -63,12 +69,15 @@ def parse_hops(spec: str, field: str = "jump") -> list[tuple[str | None, str, in
     for part in spec.split(","):
         match = HOP.fullmatch(part.strip())
         port = match and match.group("port")
-        if not match or not part.strip() or (port is not None and not 1 <= int(port) <= 65535):
+        try:
+            host = match and Address.parse(match.group("host")).text
+        except ValueError:
+            host = None
+        if not host or (port is not None and not 1 <= int(port) <= 65535):
             raise SshConfigError(f"{part.strip()!r} is not a gateway; use [user@]host[:port] "
-                                 f"(an ssh-config alias will do), several separated by commas",
-                                 field)
-        hops.append((match.group("user"), match.group("host").strip("[]"),
-                     int(port) if port else None))
+                                 f"(an ssh-config alias will do; an IPv6 address in brackets), "
+                                 f"several separated by commas", field)
+        hops.append((match.group("user"), host, int(port) if port else None))
     return hops
 
 
@@ -146,7 +155,12 @@ def resolve(config: paramiko.SSHConfig, name: str, host: str, port: int | None =
         if not 1 <= port <= 65535:
             raise SshConfigError(f"ssh config gives {host!r} Port {found['port']!r}, which is "
                                  f"not a port number", "ssh_config")
-    return Hop(name=name, hostname=found.get("hostname", host), port=port or 22,
+    try:
+        hostname = Address.parse(found.get("hostname", host)).text
+    except ValueError as exc:
+        raise SshConfigError(f"ssh config gives {host!r} an unusable HostName: {exc}",
+                             "ssh_config") from None
+    return Hop(name=name, hostname=hostname, port=port or 22,
                user=user or found.get("user"),
                identity_files=tuple(dict.fromkeys(
                    (*keys_first, *found.get("identityfile", ()), *keys_then))))
@@ -170,7 +184,8 @@ def gateways(config: paramiko.SSHConfig, spec: str, keys: tuple[str, ...], field
     identity file) are tried on each gateway after the gateway's own IdentityFile."""
     hops: list[Hop] = []
     for i, (user, host, port) in enumerate(parse_hops(spec, field)):
-        name = f"{user + '@' if user else ''}{host}{':' + str(port) if port else ''}"
+        where = Address.parse(host).with_port(port) if port else host
+        name = f"{user + '@' if user else ''}{where}"
         hop = resolve(config, name, host, port, user, keys_then=keys, field=field)
         own = proxy_jump(config, host) if i == 0 else None
         # `Host *` with a ProxyJump also matches the gateway itself; OpenSSH would loop there.
