@@ -21,7 +21,7 @@ from deploy.inventory.builtin import chosen_inventory
 from deploy.inventory.logins import login_documents, login_text
 from deploy.inventory.model import Inventory
 from deploy.plan.command import split_args
-from deploy.plan.lints import refuse_problems
+from deploy.plan.lints import public_warnings, refuse_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
 from deploy.run.check import check_hosts
@@ -96,6 +96,8 @@ def inventory(console: Console, hosts: str) -> Inventory:
 def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     chosen = inventory(console, hosts)
     refuse_problems(chosen, Path(payload))
+    for warning in public_warnings(chosen):
+        console.print(Text.assemble(("warning: ", "bold yellow"), warning))
     return chosen
 
 

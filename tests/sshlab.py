@@ -1,7 +1,8 @@
 """A multi-host SSH lab on one machine: real OpenSSH servers on loopback addresses.
 
 Each lab host is its own ``sshd`` listening on 127.0.0.N (N = 2, 3, ...) and a free port, with
-its own host key and its own workdir. Clients log in as the current user with one lab key pair
+its own host key and its own workdir. ``start(n, ipv6=True)`` puts them on ``::1`` instead, told
+apart by their ports alone (IPv6 has one loopback address). Clients log in as the current user with one lab key pair
 and verify hosts strictly against the lab's ``known_hosts``. All hosts are really this machine,
 so every host gets a distinct workdir.
 
@@ -9,7 +10,8 @@ so every host gets a distinct workdir.
         h1, h2 = lab.start(2)
         lab.write_inventory(tmp_path / "hosts.yaml", [h1, h2])
 
-Only 127.0.0.0/8 is used, and each address is checked (by binding to it) before use. ``stop()``
+Only 127.0.0.0/8 and ::1 are used, and each address is checked (by binding to it) before use;
+``ipv6_loopback_missing()`` says why a machine has no ``::1``, if it has none. ``stop()``
 (called on exit) ends every sshd the lab started, by the pid of its own Popen.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")
 LOOPBACK = ip_network("127.0.0.0/8")
+IPV6_LOOPBACK = "::1"
 FIRST_HOST_OCTET = 2          # h1 is 127.0.0.2: 127.0.0.1 stays the controller's "localhost"
 READY_TIMEOUT = 10.0
 STOP_GRACE = 5.0
@@ -48,7 +51,7 @@ class LabHost:
     """One lab SSH server, as a client sees it."""
 
     name: str                 # h1, h2, ...
-    address: str              # 127.0.0.N
+    address: str              # 127.0.0.N, or ::1
     port: int
     workdir: Path             # distinct per host; not created (the tool under test owns it)
     identity_file: Path       # the lab's client private key
@@ -57,7 +60,8 @@ class LabHost:
     log: Path                 # this sshd's log (sshd -e)
 
     def known_hosts_line(self) -> str:
-        """This server's known_hosts entry: ``[127.0.0.N]:PORT ssh-ed25519 AAAA...``."""
+        """This server's known_hosts entry: ``[127.0.0.N]:PORT ssh-ed25519 AAAA...`` (or
+        ``[::1]:PORT``)."""
         keytype, blob = self.host_key.read_text().split()[:2]
         return f"[{self.address}]:{self.port} {keytype} {blob}\n"
 
@@ -103,17 +107,19 @@ class SshLab:
         """Pids of the sshd listeners this lab started and has not stopped yet."""
         return [s.proc.pid for s in self._servers]
 
-    def start(self, n: int, *, record_host_keys: bool = True) -> list[LabHost]:
+    def start(self, n: int, *, record_host_keys: bool = True,
+              ipv6: bool = False) -> list[LabHost]:
         """Start n more sshd servers and return their hosts once each shows an SSH banner.
 
         With record_host_keys=False the servers' keys are left out of known_hosts (an unknown
         host to a strict client); ``host.known_hosts_line()`` gives the entry to add later.
+        With ipv6=True they all listen on ::1, each on its own port.
         """
         if n < 1:
             raise ValueError(f"n must be at least 1, not {n}")
         self._prepare()
         # If one fails, those already up stay tracked in self._servers, so stop() ends them.
-        return [self._start_one(record_host_keys) for _ in range(n)]
+        return [self._start_one(record_host_keys, ipv6) for _ in range(n)]
 
     def stop(self) -> None:
         """End every sshd this lab started: SIGTERM, then SIGKILL after STOP_GRACE seconds.
@@ -209,11 +215,8 @@ class SshLab:
         self.known_hosts.touch(mode=0o600)
         self._prepared = True
 
-    def _start_one(self, record_host_key: bool) -> LabHost:
-        octet, self._next_octet = self._next_octet, self._next_octet + 1
-        if not 1 <= octet <= 254:
-            raise LabError(f"out of lab addresses: 127.0.0.{octet} is not a usable host address")
-        address = f"127.0.0.{octet}"
+    def _start_one(self, record_host_key: bool, ipv6: bool) -> LabHost:
+        address = IPV6_LOOPBACK if ipv6 else self._next_v4()
         host, host_key = self._new_host(address, 0)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             host = dataclasses.replace(host, port=free_port(address))
@@ -232,6 +235,12 @@ class SshLab:
                     f.write(host.known_hosts_line())
             return host
         raise AssertionError("unreachable")
+
+    def _next_v4(self) -> str:
+        octet, self._next_octet = self._next_octet, self._next_octet + 1
+        if not 1 <= octet <= 254:
+            raise LabError(f"out of lab addresses: 127.0.0.{octet} is not a usable host address")
+        return f"127.0.0.{octet}"
 
     def _new_host(self, address: str, port: int) -> tuple[LabHost, Path]:
         """The next host's name, directory and host key (made once)."""
@@ -284,14 +293,25 @@ class SshLab:
 
 def free_port(address: str) -> int:
     """A port that is free on ``address`` right now; fails clearly if the address is unusable."""
-    if ip_address(address) not in LOOPBACK:
-        raise LabError(f"refusing to use {address}: the lab only uses 127.0.0.0/8")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    if address != IPV6_LOOPBACK and ip_address(address) not in LOOPBACK:
+        raise LabError(f"refusing to use {address}: the lab only uses 127.0.0.0/8 and ::1")
+    family = socket.AF_INET6 if address == IPV6_LOOPBACK else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
             s.bind((address, 0))
         except OSError as exc:
-            raise LabError(f"cannot bind to {address}: {exc} (is 127.0.0.0/8 routed to lo?)")
+            raise LabError(f"cannot bind to {address}: {exc} (is it an address of lo?)")
         return s.getsockname()[1]
+
+
+def ipv6_loopback_missing() -> str | None:
+    """Why this machine cannot listen on ::1 (no IPv6, or none on lo), or None if it can."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind((IPV6_LOOPBACK, 0))
+    except OSError as exc:
+        return f"this machine has no IPv6 loopback address ::1 ({exc})"
+    return None
 
 
 def unreachable_entry(name: str = "gone", address: str = "127.0.0.9") -> dict[str, Any]:

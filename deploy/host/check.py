@@ -5,8 +5,8 @@ like the rest of deploy/host.
 Verbs (each prints one JSON document on stdout):
     probe WORKDIR COUNT [DATA]  python, package versions (read from installed metadata:
                           importing TensorFlow would take seconds), free disk under WORKDIR,
-                          COUNT free TCP ports, and whether the directory DATA (an inventory
-                          `data: {remote: ...}`) can be read
+                          COUNT free TCP ports, whether the host has IPv6, and whether the
+                          directory DATA (an inventory `data: {remote: ...}`) can be read
     mesh SPEC             listen on this host's task ports, connect to the other tasks' ports,
                           report what answered; SPEC is JSON (see mesh())
     ports COUNT           COUNT free TCP ports, distinct from each other
@@ -54,15 +54,37 @@ def existing_ancestor(path):
     return path
 
 
+def has_ipv6():
+    """Whether this host can open IPv6 sockets at all (a kernel booted with ipv6.disable=1,
+    or a container without it, cannot)."""
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+        return True
+    except OSError:
+        return False
+
+
+def any_address_socket():
+    """A TCP socket to bind on every interface as TensorFlow's gRPC binds (`[::]:port`):
+    IPv6 with IPv4 too (dual-stack) where the host has IPv6, else IPv4. A port it binds is free
+    for both families, and it answers callers of either."""
+    if has_ipv6():
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        return s, "::"
+    return socket.socket(socket.AF_INET, socket.SOCK_STREAM), ""
+
+
 def free_ports(count):
-    """Ports the kernel calls free on every interface (TensorFlow binds *:port). `inv check`
-    and the port choice of `inv train` both ask this, so both choose ports alike."""
+    """Ports the kernel calls free on every interface and in both families (TensorFlow binds
+    [::]:port). `inv check` and the port choice of `inv train` both ask this, so both choose
+    ports alike."""
     socks = []
     try:
         for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("", 0))
+            s, anywhere = any_address_socket()
             socks.append(s)
+            s.bind((anywhere, 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -93,6 +115,7 @@ def probe(workdir, count, data=None):
         "disk_free": st.f_bavail * st.f_frsize,
         "writable": os.access(base, os.W_OK | os.X_OK),
         "ports": free_ports(count),
+        "ipv6": has_ipv6(),
     }
 
 
@@ -156,10 +179,10 @@ def mesh(spec):
     counts, lock, listeners, threads, bind_errors = {"stop": False}, threading.Lock(), [], [], {}
     for port in listen:
         counts[port] = 0
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s, anywhere = any_address_socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("", port))
+            s.bind((anywhere, port))
             s.listen(64)
         except OSError as exc:
             bind_errors[str(port)] = exc.strerror or str(exc)

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 from deploy.inventory import openssh, sshconfig
+from deploy.inventory.address import Address
 from deploy.inventory.datasource import parse_data
 from deploy.inventory.model import EnvValue, Host, Inventory, InventoryError
 from deploy.inventory.names import name_problem
@@ -39,6 +40,7 @@ HOST_FIELDS = {
     "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
     "data": dict, "ssh_config": str, "jump": str,
 }
+ADDRESS_FIELDS = ("address", "cluster_address")
 DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
 TOP_FIELDS = ("defaults", "hosts")
 
@@ -161,7 +163,10 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise fail(key, f"must be a whole number, not {value!r}")
         if kind is str and not isinstance(value, str):
-            raise fail(key, f"must be a string, not {value!r}")
+            raise fail(key, f"must be a string, not {value!r}" + (
+                "; unquoted, YAML reads [2001:db8::1] as a list: quote it (\"[2001:db8::1]\") "
+                "or leave out the brackets" if key in ADDRESS_FIELDS and isinstance(value, list)
+                else ""))
         if kind is dict and not isinstance(value, dict) and key == "env":
             raise fail(key, "must be a mapping of NAME: value")
     if name is None:
@@ -180,6 +185,8 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         value = raw.get(key)
         if value is not None and (not value or any(c.isspace() for c in value) or "\0" in value):
             raise fail(key, f"must be non-empty with no spaces, not {value!r}")
+    address = _address(address, "address", fail)
+    cluster_address = _address(raw.get("cluster_address") or "", "cluster_address", fail)
     port = raw.get("port")
     if port is not None and not 1 <= port <= 65535:
         raise fail("port", f"must be between 1 and 65535, not {port}")
@@ -215,11 +222,22 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         host_key_policy=policy,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
-        cluster_address=raw.get("cluster_address") or "", workers=workers, env=env,
+        cluster_address=cluster_address, workers=workers, env=env,
         own_python="python" in raw, gpus=gpus, data=data,
         ssh_config=raw.get("ssh_config", sshconfig.DEFAULT_FILE), jump=raw.get("jump"),
         target=target, via=route.via if route else (),
     )
+
+
+def _address(given: str, key: str, fail) -> str:
+    """The address without the brackets an IPv6 address may be given in: `[2001:db8::1]`
+    and `2001:db8::1` are one address (brackets are how it is printed with a port)."""
+    if not given:
+        return given
+    try:
+        return Address.parse(given).text
+    except ValueError as exc:
+        raise fail(key, str(exc)) from None
 
 
 def _ssh_route(raw: dict, address: str, transport: str, resolvers: Resolvers,
@@ -229,8 +247,11 @@ def _ssh_route(raw: dict, address: str, transport: str, resolvers: Resolvers,
         if raw.get("jump") is not None:
             raise fail("jump", "a local host is not reached over SSH; remove jump")
         return None
-    for key in ("address", "user"):     # before `ssh -G` or a `Match exec` can see them
-        problem = raw.get(key) is not None and name_problem(raw[key])
+    # Before `ssh -G` or a `Match exec` can see them. An IP address is checked as one
+    # (Address.parse; a zone's `%` is the lints' to refuse), a name as a name.
+    for key, value in (("address", address), ("user", raw.get("user"))):
+        is_ip = key == "address" and Address.parse(value).ip is not None
+        problem = value is not None and not is_ip and name_problem(value)
         if problem:
             raise fail(key, problem)
     try:
@@ -349,7 +370,7 @@ def _check_unique(file: str, where: _Located, hosts: list[Host]) -> None:
         # address behind two different gateways is two.
         ssh = host.ssh
         target = ("local",) if host.transport == "local" else (
-            ssh.hostname, ssh.port, ssh.user, tuple(h.shown() for h in host.via))
+            ssh.address.key, ssh.port, ssh.user, tuple(h.shown() for h in host.via))
         key = target + (host.workdir,)
         if key in targets:
             raise InventoryError(

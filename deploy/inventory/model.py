@@ -8,6 +8,7 @@ from typing import Mapping
 
 from deploy.errors import BadInput
 from deploy.inventory import sshconfig
+from deploy.inventory.address import Address
 from deploy.inventory.datasource import DataSource
 from deploy.inventory.sshconfig import Hop
 
@@ -40,7 +41,7 @@ class EnvValue:
 @dataclass(frozen=True)
 class Host:
     name: str
-    address: str
+    address: str                     # as given, brackets taken off an IPv6 address
     transport: str = "ssh"
     port: int | None = None          # as given; None: the ssh config's Port, else 22
     user: str | None = None          # as given; None: the ssh config's User, else the local user
@@ -49,7 +50,7 @@ class Host:
     host_key_policy: str = "strict"
     python: str = "python3"          # a local host defaults to the controller's own Python
     workdir: str = "~/.tfdeploy"
-    cluster_address: str = ""
+    cluster_address: str = ""        # as given, brackets taken off an IPv6 address
     workers: int = 1
     env: Mapping[str, EnvValue] = field(default_factory=dict)
     own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
@@ -68,10 +69,10 @@ class Host:
                                   (self.identity_file,) if self.identity_file else ())
 
     @property
-    def tf_address(self) -> str:
+    def tf_address(self) -> Address:
         """The address other tasks use to reach this host's TensorFlow ports: an ssh-config
         alias means nothing on the other hosts, so by default it is the alias's HostName."""
-        return self.cluster_address or self.ssh.hostname
+        return Address.parse(self.cluster_address) if self.cluster_address else self.ssh.address
 
     @property
     def label(self) -> str:

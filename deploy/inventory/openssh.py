@@ -20,6 +20,7 @@ import socket
 import subprocess
 
 from deploy.inventory import sshconfig
+from deploy.inventory.address import Address
 from deploy.inventory.sshconfig import Hop, Route, SshConfigError
 
 SSH = "ssh"
@@ -143,10 +144,15 @@ def default_identities() -> tuple[str, ...]:
 
 def _hop(options: dict[str, list[str]], name: str, host: str, given_user: str | None,
          keys_first: tuple[str, ...] = (), keys_then: tuple[str, ...] = ()) -> Hop:
-    hostname, user = options["hostname"][0], options["user"][0]
+    given_hostname, user = options["hostname"][0], options["user"][0]
+    try:
+        hostname = Address.parse(given_hostname).text
+    except ValueError as exc:
+        raise SshConfigError(f"ssh config gives {host!r} an unusable HostName: {exc}",
+                             "ssh_config") from None
     port = int(options["port"][0])
     alias = _one(options, "hostkeyalias")
-    tokens = {"%": "%", "d": home(), "h": hostname, "i": str(os.getuid()), "k": alias or host,
+    tokens = {"%": "%", "d": home(), "h": given_hostname, "i": str(os.getuid()), "k": alias or host,
               "L": socket.gethostname().split(".")[0], "l": socket.gethostname(), "n": host,
               "p": str(port), "r": user, "u": local_user()}
     tokens["C"] = hashlib.sha1(f"{tokens['l']}{hostname}{port}{user}".encode()).hexdigest()

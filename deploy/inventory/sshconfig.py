@@ -23,6 +23,7 @@ from typing import Callable
 import paramiko
 
 from deploy.errors import BadInput
+from deploy.inventory.address import Address
 from deploy.inventory.names import name_problem
 
 DEFAULT_FILE = "~/.ssh/config"          # the inventory's default: USER_FILE, then SYSTEM_FILE
@@ -64,8 +65,13 @@ class Hop:
     proxy_command: str | None = None    # tokens expanded; run with the user's shell
     connect_timeout: float | None = None
 
+    @property
+    def address(self) -> Address:
+        return Address.parse(self.hostname)
+
     def shown(self) -> str:
-        return f"{self.user + '@' if self.user else ''}{self.hostname}:{self.port}"
+        """`user@host:port`, as `ssh -J` and `ssh://` take it: `user@[::1]:2222` for IPv6."""
+        return f"{self.user + '@' if self.user else ''}{self.address.with_port(self.port)}"
 
     def described(self) -> str:
         """The name as written, and the login it resolves to where that says more."""
@@ -88,16 +94,19 @@ def parse_hops(spec: str, field: str = "jump") -> list[tuple[str | None, str, in
     for part in spec.split(","):
         match = HOP.fullmatch(part.strip())
         port = match and match.group("port")
-        if not match or not part.strip() or (port is not None and not 1 <= int(port) <= 65535):
+        try:
+            host = match and Address.parse(match.group("host")).text
+        except ValueError:
+            host = None
+        if not host or (port is not None and not 1 <= int(port) <= 65535):
             raise SshConfigError(f"{part.strip()!r} is not a gateway; use [user@]host[:port] "
-                                 f"(an ssh-config alias will do), several separated by commas",
-                                 field)
+                                 f"(an ssh-config alias will do; an IPv6 address in brackets), "
+                                 f"several separated by commas", field)
         for what, name in (("user", match.group("user")), ("host", match.group("host"))):
             problem = name and not name.startswith("[") and name_problem(name)
             if problem:
                 raise SshConfigError(f"gateway {what} {problem}", field)
-        hops.append((match.group("user"), match.group("host").strip("[]"),
-                     int(port) if port else None))
+        hops.append((match.group("user"), host, int(port) if port else None))
     return hops
 
 
@@ -175,7 +184,12 @@ def resolve(config: paramiko.SSHConfig, name: str, host: str, port: int | None =
         if not 1 <= port <= 65535:
             raise SshConfigError(f"ssh config gives {host!r} Port {found['port']!r}, which is "
                                  f"not a port number", "ssh_config")
-    return Hop(name=name, hostname=found.get("hostname", host), port=port or 22,
+    try:
+        hostname = Address.parse(found.get("hostname", host)).text
+    except ValueError as exc:
+        raise SshConfigError(f"ssh config gives {host!r} an unusable HostName: {exc}",
+                             "ssh_config") from None
+    return Hop(name=name, hostname=hostname, port=port or 22,
                user=user or found.get("user"),
                identity_files=tuple(dict.fromkeys(
                    (*keys_first, *found.get("identityfile", ()), *keys_then))),
@@ -199,7 +213,8 @@ def gateways(lookup: Lookup, spec: str, keys: tuple[str, ...], field: str,
     identity file) are tried on each gateway after the gateway's own IdentityFile."""
     hops: list[Hop] = []
     for i, (user, host, port) in enumerate(parse_hops(spec, field)):
-        name = f"{user + '@' if user else ''}{host}{':' + str(port) if port else ''}"
+        where = Address.parse(host).with_port(port) if port else host
+        name = f"{user + '@' if user else ''}{where}"
         hop, own = lookup(name, host, port, user, keys, field)
         own = own if i == 0 else None
         # `Host *` with a ProxyJump also matches the gateway itself; OpenSSH would loop there.

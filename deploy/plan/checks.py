@@ -92,6 +92,10 @@ def judge_probe(check: HostCheck, answer: dict) -> None:
     if tf and tfk and minor(tf) != minor(tfk):
         check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "
                               f"(pip install 'tf-keras~={minor(tf)}.0')")
+    if answer.get("ipv6") is False and host.tf_address.is_v6:
+        check.problems.append(f"{label}: cluster address {host.tf_address} is IPv6, but the "
+                              f"host has no IPv6 (its Python cannot open an IPv6 socket); set "
+                              f"cluster_address to an IPv4 address of the host")
     if answer.get("data_problem"):
         check.problems.append(f"{label}: field 'data': remote path {host.data.path} "
                               f"{answer['data_problem']} on the host")
@@ -151,7 +155,8 @@ def mesh_specs(checks: list[HostCheck], nonce: str) -> dict[str, dict]:
                            "targets": []} for c in checks}
     for src, dst, port in mesh_pairs(checks):
         specs[dst.host.name]["listen"][str(port)] += 1
-        specs[src.host.name]["targets"].append([dst.host.tf_address, port, dst.host.name])
+        target = [str(dst.host.tf_address), port, dst.host.name]
+        specs[src.host.name]["targets"].append(target)
     return specs
 
 
@@ -214,7 +219,7 @@ def rows(report: CheckReport) -> list[list[str]]:
     out = []
     for c in report.hosts:
         address = "local" if c.host.transport == "local" else c.host.address
-        if c.host.tf_address != c.host.address:
+        if str(c.host.tf_address) != c.host.address:
             address += f" (cluster {c.host.tf_address})"
         if c.host.via:
             address += " via " + ",".join(h.name for h in c.host.via)

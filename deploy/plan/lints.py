@@ -1,7 +1,6 @@
 """Mistakes that would make TensorFlow hang rather than fail, caught before anything starts."""
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 
@@ -15,25 +14,26 @@ class LintFailed(BadInput):
     pass
 
 
-def is_loopback(address: str) -> bool:
-    if address.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
 def cluster_problems(inventory: Inventory) -> list[str]:
     """A loopback cluster address is fine when every host is on loopback (one machine, or a
     test lab); beside real hosts it makes the others dial themselves and wait forever."""
-    loopback = [h for h in inventory.hosts if is_loopback(h.tf_address)]
+    loopback = [h for h in inventory.hosts if h.tf_address.is_loopback]
     if not loopback or len(loopback) == len(inventory.hosts):
         return []
     others = ", ".join(h.name for h in inventory.hosts if h not in loopback)
-    return [f"{inventory.path}: host {h.name!r}: cluster address {h.tf_address!r} is loopback, "
-            f"but {others} cannot reach it there; set cluster_address to an address the other "
-            f"hosts can reach" for h in loopback]
+    return [f"{inventory.path}: host {h.name!r}: cluster address {str(h.tf_address)!r} is "
+            f"loopback, but {others} cannot reach it there; set cluster_address to an address "
+            f"the other hosts can reach" for h in loopback]
+
+
+def zone_problems(inventory: Inventory) -> list[str]:
+    """An IPv6 link-local cluster address needs the interface it is reached on (`%eth0`),
+    which is a different one on every host: TF_CONFIG cannot carry it for all of them."""
+    return [f"{inventory.path}: host {h.name!r}: cluster address {str(h.tf_address)!r} is "
+            f"IPv6 link-local (fe80::/10), which is reachable only through a named interface "
+            f"that differs from host to host; set cluster_address to a global or unique-local "
+            f"(fd00::/8) address of {h.name}, or an IPv4 address"
+            for h in inventory.hosts if h.tf_address.needs_zone]
 
 
 def endpoint_problems(inventory: Inventory) -> list[str]:
@@ -45,25 +45,25 @@ def endpoint_problems(inventory: Inventory) -> list[str]:
     Entries with the same SSH address (another port, user or workdir) are one machine, so one
     address is right for both; so is a cluster entirely on loopback (one machine, a test lab).
     """
-    if all(is_loopback(h.tf_address) for h in inventory.hosts):
+    if all(h.tf_address.is_loopback for h in inventory.hosts):
         return []
     problems, first = [], {}
     for host in inventory.hosts:
-        other = first.setdefault(host.tf_address.lower(), host)
+        other = first.setdefault(host.tf_address.key, host)
         if other is not host and _machine(other) != _machine(host):
             problems.append(
-                f"{inventory.path}: host {host.name!r}: cluster address {host.tf_address!r} is "
-                f"also that of host {other.name!r}, but they are reached at different SSH addresses "
-                f"({_reached(other)}, {_reached(host)}); the other hosts would dial {host.name}'s "
-                f"tasks on {other.name}: set cluster_address to the address of {host.name} "
-                f"itself")
+                f"{inventory.path}: host {host.name!r}: cluster address "
+                f"{str(host.tf_address)!r} is also that of host {other.name!r}, but they are "
+                f"reached at different SSH addresses ({_reached(other)}, {_reached(host)}); the "
+                f"other hosts would dial {host.name}'s tasks on {other.name}: set "
+                f"cluster_address to the address of {host.name} itself")
     return problems
 
 
 def _machine(host) -> tuple:
     """The machine an SSH login reaches: its resolved address, behind the same gateways (an
     alias and its HostName are one machine; one private address behind two gateways is two)."""
-    return (host.ssh.hostname.lower(), tuple(h.shown() for h in host.via))
+    return (host.ssh.address.key, tuple(h.shown() for h in host.via))
 
 
 def _reached(host) -> str:
@@ -88,9 +88,19 @@ def payload_problems(payload: Path, tasks: int) -> list[str]:
 
 
 def lint(inventory: Inventory, payload: Path) -> list[str]:
-    return (cluster_problems(inventory) + endpoint_problems(inventory)
-            + payload_problems(payload, inventory.task_count))
+    return (cluster_problems(inventory) + zone_problems(inventory)
+            + endpoint_problems(inventory) + payload_problems(payload, inventory.task_count))
 
+
+def public_warnings(inventory: Inventory) -> list[str]:
+    """TensorFlow's task ports take unauthenticated requests (graph ops that read and write
+    files as the task's user) from anyone who reaches them: on a public address, that may be
+    anyone. A warning, not a refusal: a firewall may well close them."""
+    return [f"{inventory.path}: host {h.name!r}: cluster address {h.tf_address} is a public "
+            f"IPv{h.tf_address.ip.version} address; TensorFlow's task ports accept "
+            f"unauthenticated requests from anyone who can reach them: train over a private "
+            f"network, or let a firewall admit only the cluster's hosts"
+            for h in inventory.hosts if h.tf_address.is_global]
 
 
 def refuse_problems(inventory: Inventory, payload: Path) -> None:

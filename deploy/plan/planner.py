@@ -113,7 +113,8 @@ class RunPlan:
 
 
 def endpoint(host: Host, port: int | None) -> str:
-    return f"{host.tf_address}:{port if port is not None else '<port>'}"
+    """`address:port` in TF_CONFIG, `[v6]:port` for IPv6 (TensorFlow cannot split `::1:2222`)."""
+    return host.tf_address.with_port(port if port is not None else "<port>")
 
 
 def run_dir(host: Host, run_id: str) -> str:

@@ -187,8 +187,8 @@ def tunnel(gateway: Connection, hop: Hop, where: str, timeout: float) -> paramik
                                               timeout=timeout)
     except (paramiko.SSHException, EOFError, OSError) as exc:
         # A refusal by the gateway is a ChannelException whose text says why.
-        raise LoginFailed(f"{where}: cannot reach {hop.hostname}:{hop.port} from there: "
-                          f"{getattr(exc, 'text', None) or exc or 'no answer'}") from None
+        raise LoginFailed(f"{where}: cannot reach {hop.address.with_port(hop.port)} from "
+                          f"there: {getattr(exc, 'text', None) or exc or 'no answer'}") from None
 
 
 def user_known_hosts(host: Host, hop: Hop) -> tuple[str, ...]:

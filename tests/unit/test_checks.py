@@ -269,3 +269,42 @@ def test_mesh_listeners_end_by_themselves_when_callers_never_come():
             "targets": []}
     answer = hostcheck("mesh", json.dumps(spec), timeout=15)   # ends by itself, or this fails
     assert answer == {"connects": [], "accepted": {str(port): 0}, "bind_errors": {}}
+
+
+def test_an_ipv6_cluster_address_on_a_host_without_ipv6_is_named():
+    v6 = "hosts:\n  - {name: a, address: gpu-a.lab, cluster_address: 'fd00::3'}\n" \
+         "  - {name: b, address: 10.1.2.4}\n"
+    a, b = probed(v6, answers={"a": {**probe(), "ipv6": False}, "b": {**probe(), "ipv6": False}})
+    (problem,) = a.problems
+    assert "a (gpu-a.lab): cluster address fd00::3 is IPv6, but the host has no IPv6" in problem
+    assert b.problems == []           # an IPv4 cluster address needs no IPv6
+
+
+def test_mesh_targets_are_bare_addresses_for_the_host_to_connect_to():
+    checks = probed("hosts:\n  - {name: a, address: '[2001:db8::1]'}\n"
+                    "  - {name: b, address: 2001:db8::2}\n")
+    assign_task_ports(checks)
+    specs = mesh_specs(checks, "n")
+    assert [t[0] for t in specs["a"]["targets"]] == ["2001:db8::2"]
+    assert [t[0] for t in specs["b"]["targets"]] == ["2001:db8::1"]
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback ::1")
+def test_mesh_listeners_answer_callers_over_ipv6_and_ipv4_alike():
+    """As TensorFlow's gRPC binds [::]:port: one listener, reached at ::1 and at 127.0.0.1."""
+    port = hostcheck("ports", "1")["ports"][0]
+    spec = {"host": "a", "nonce": "n6", "window": 3, "attempt": 1, "listen": {str(port): 2},
+            "targets": [["::1", port, "a"], ["127.0.0.1", port, "a"]]}
+    answer = hostcheck("mesh", json.dumps(spec))
+    assert [c.get("ok") for c in answer["connects"]] == [True, True], answer
+    assert answer["accepted"] == {str(port): 2} and answer["bind_errors"] == {}
+    assert hostcheck("probe", "/", "1")["ipv6"] is True

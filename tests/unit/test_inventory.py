@@ -50,6 +50,11 @@ EXPECTED = {
     # address, port, workers
     "missing_address": (2, "a", "address", ["missing", "SSH"]),
     "address_with_space": (3, "a", "address", ["no spaces"]),
+    "address_v6_unquoted_brackets": (3, "a", "address", ["YAML reads", "as a list",
+                                                         "quote it"]),
+    "address_with_port": (3, "a", "address", ["'gpu-a.lab:2222'", "port goes in its own field"]),
+    "cluster_address_v4_in_brackets": (4, "a", "cluster_address",
+                                       ["only an IPv6 address goes in brackets"]),
     "port_zero": (4, "a", "port", ["between 1 and 65535", "not 0"]),
     "port_high": (2, "a", "port", ["between 1 and 65535", "not 70000"]),   # set in defaults
     "workers_zero": (4, "a", "workers", ["at least 1", "not 0"]),
@@ -250,14 +255,15 @@ hosts:
 def test_cluster_address_defaults_to_the_ssh_address():
     a, b = parse("hosts:\n  - {name: a, address: gpu-a.lab}\n"
                  "  - {name: b, address: gpu-b.lab, cluster_address: 10.0.0.2}\n").hosts
-    assert (a.cluster_address, a.tf_address, a.label) == ("", "gpu-a.lab", "a (gpu-a.lab)")
-    assert (b.cluster_address, b.tf_address) == ("10.0.0.2", "10.0.0.2")
+    assert (a.cluster_address, str(a.tf_address), a.label) == ("", "gpu-a.lab",
+                                                                "a (gpu-a.lab)")
+    assert (b.cluster_address, str(b.tf_address)) == ("10.0.0.2", "10.0.0.2")
 
 
 def test_local_host_defaults_to_loopback_and_this_python():
     (host,) = parse("hosts:\n  - {name: here, transport: local}\n").hosts
-    assert (host.address, host.python, host.tf_address) == ("127.0.0.1", sys.executable,
-                                                           "127.0.0.1")
+    assert (host.address, host.python, str(host.tf_address)) == ("127.0.0.1", sys.executable,
+                                                                "127.0.0.1")
     assert host.label == "here"
     # Explicit values still win, and an ssh host keeps python3.
     (mine,) = parse("hosts:\n  - {name: here, transport: local, python: /opt/py, "

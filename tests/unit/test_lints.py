@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from deploy.inventory.load import parse_inventory
-from deploy.plan.lints import lint
+from deploy.plan.lints import LintFailed, lint, public_warnings, refuse_problems
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,3 +44,40 @@ def test_keras3_payload_is_refused_for_multi_worker_only(tmp_path):
 def test_the_shipped_payload_passes():
     two = inventory("hosts:\n  - {name: a, transport: local, workers: 2}\n")
     assert lint(two, REPO / "payload") == []
+
+
+def test_ipv6_loopback_beside_real_hosts_is_refused_and_an_all_loopback_mix_is_fine():
+    inv = inventory("hosts:\n  - {name: a, address: '[::1]'}\n"
+                    "  - {name: b, address: 2001:db8::4}\n")
+    (problem,) = lint(inv, REPO / "payload")
+    assert "host 'a'" in problem and "'::1' is loopback" in problem
+    mixed = inventory("hosts:\n  - {name: a, address: '::1', port: 2601}\n"
+                      "  - {name: b, address: 127.0.0.2}\n")
+    assert lint(mixed, REPO / "payload") == []
+
+
+def test_a_link_local_cluster_address_is_refused_saying_it_needs_a_zone():
+    inv = inventory("hosts:\n  - {name: a, address: 'fe80::1%eth0'}\n"
+                    "  - {name: b, address: gpu-b.lab, cluster_address: 'fe80::2'}\n")
+    problems = lint(inv, REPO / "payload")
+    assert len(problems) == 2
+    assert "host 'a'" in problems[0] and "'fe80::1%eth0' is IPv6 link-local" in problems[0]
+    assert "host 'b'" in problems[1] and "differs from host to host" in problems[1]
+    with pytest.raises(LintFailed) as refused:
+        refuse_problems(inv, REPO / "payload")
+    assert refused.value.exit_code == 2
+    # The controller may log in over link-local; the cluster then needs another address.
+    fixed = inventory("hosts:\n  - {name: a, address: 'fe80::1%eth0', "
+                      "cluster_address: 'fd00::1'}\n  - {name: b, address: 'fd00::2'}\n")
+    assert lint(fixed, REPO / "payload") == []
+
+
+def test_public_cluster_addresses_are_warned_about_in_both_families():
+    inv = inventory("hosts:\n  - {name: a, address: 2606:4700::10}\n"
+                    "  - {name: b, address: 1.1.1.1}\n"
+                    "  - {name: c, address: 2001:db8::4}\n"
+                    "  - {name: d, address: fd00::4}\n  - {name: e, address: gpu-e.lab}\n")
+    a, b = public_warnings(inv)
+    assert "host 'a'" in a and "public IPv6 address" in a and "unauthenticated" in a
+    assert "host 'b'" in b and "public IPv4 address" in b
+    assert lint(inv, REPO / "payload") == []         # a warning, not a refusal

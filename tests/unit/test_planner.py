@@ -96,6 +96,24 @@ hosts:
     address: 10.0.0.6
     jump: gw.example,bastion
 """
+# IPv6 hosts as an inventory may give them: bare, in brackets (quoted: unquoted YAML reads a
+# list), a gateway in brackets, and a name whose cluster address is IPv6.
+IPV6 = """
+defaults:
+  ssh_config: none
+  user: researcher
+hosts:
+  - name: a
+    address: 2001:db8::10
+    workers: 2
+  - name: b
+    address: "[2001:db8::11]"
+    port: 2222
+    jump: admin@[2001:db8::1]:2200
+  - name: c
+    address: gpu-c.lab
+    cluster_address: "[2001:db8::12]"
+"""
 LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
@@ -104,6 +122,7 @@ CASES = {
     "gpus": (GPUS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
     "data": (DATA, None, Options()),
     "jump": (JUMP, {0: 20000, 1: 20001}, Options()),
+    "ipv6": (IPV6, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
 }
 
 

@@ -82,7 +82,7 @@ def test_an_alias_resolves_as_ssh_resolves_it(tmp_path):
     assert login(host.ssh) == login(Hop("lab-a", "10.0.0.5", 2201, "alice",
                                         (str(Path("~/keys/lab-a").expanduser()),)))
     # The other hosts reach its TF ports at the HostName; an alias means nothing there.
-    assert host.tf_address == "10.0.0.5" and host.cluster_address == ""
+    assert str(host.tf_address) == "10.0.0.5" and host.cluster_address == ""
     assert host.label == "a (lab-a = 10.0.0.5)"
     assert host.known_hosts == "~/.ssh/known_hosts"      # the inventory's field, not given
     assert host.ssh.known_hosts == ("/etc/lab/known_hosts", "/ignored/second")   # every file
@@ -96,7 +96,7 @@ def test_the_inventory_wins_over_the_config(tmp_path):
     assert host.ssh.known_hosts == ("/kh",)          # instead of the config's files
     # Both keys are offered, the inventory's first (like ssh -i beside IdentityFile).
     assert host.ssh.identity_files == ("/keys/mine", str(Path("~/keys/lab-a").expanduser()))
-    assert host.tf_address == "10.9.9.9"
+    assert str(host.tf_address) == "10.9.9.9"
 
 
 def test_no_entry_and_no_file_leave_the_address_and_defaults(tmp_path, resolver):
