@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deploy.inventory.load import load_inventory, parse_inventory, workdir_problem
+from deploy.inventory.load import (
+    MAX_WORKERS_PER_HOST, load_inventory, parse_inventory, workdir_problem
+)
 from deploy.inventory.model import EnvValue, Host, InventoryError
 from deploy.inventory.sshconfig import Hop
 
@@ -335,9 +337,9 @@ def test_workers_must_be_positive(workers):
     try:
         host = parse(one_host(workers=workers)).hosts[0]
     except InventoryError as exc:
-        assert workers < 1 and exc.field == "workers"
+        assert not 1 <= workers <= MAX_WORKERS_PER_HOST and exc.field == "workers"
     else:
-        assert workers >= 1 and host.workers == workers
+        assert 1 <= workers <= MAX_WORKERS_PER_HOST and host.workers == workers
 
 
 @settings(max_examples=200, deadline=None)
