@@ -76,7 +76,7 @@ def seconds(flag: str, value: str) -> float:
         number = -1.0
     if not 0 <= number <= MAX_SECONDS:
         raise BadInput(f"{flag} takes a number of seconds from 0 to {MAX_SECONDS} (a week), "
-                       f"not {value!r}")
+                       f"not {shown(value)}")
     return number
 
 
@@ -84,11 +84,17 @@ def count(flag: str, value: str, most: int | None = None) -> int:
     """A flag's whole number, from 0 to `most` (no bound: None)."""
     text = str(value)
     if not (text.isascii() and text.isdigit() and len(text) <= 18):
-        raise BadInput(f"{flag} takes a whole number, not {value!r}")
+        raise BadInput(f"{flag} takes a whole number, not {shown(value)}")
     number = int(text)
     if most is not None and number > most:
-        raise BadInput(f"{flag} takes a whole number from 0 to {most}, not {value!r}")
+        raise BadInput(f"{flag} takes a whole number from 0 to {most}, not {shown(value)}")
     return number
+
+
+def shown(value) -> str:
+    """A flag's value in a message, cut short: a pasted file is not worth repeating."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def inventory(console: Console, hosts: str) -> Inventory:
