@@ -25,6 +25,7 @@ from deploy.plan.lints import public_warnings, refuse_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
 from deploy.run.check import check_hosts
+from deploy.run.preflight import refuse_bad_input
 from deploy.run.launch import train as run_training
 from deploy.run.reattach import down as stop_run
 from deploy.run.reattach import list_runs
@@ -70,34 +71,53 @@ def exit_with(code: int | None) -> None:
         raise Exit(code=code)
 
 
+# Ceilings for flag values: far above any real use, low enough that a typo is caught at once
+# (docs/bad-input.md).
+MAX_SECONDS = 7 * 24 * 3600
+MAX_RESTARTS = 100
+
+
 def seconds(flag: str, value: str) -> float:
+    """A flag's number of seconds, from 0 to MAX_SECONDS."""
     try:
         number = float(value)
-    except ValueError:
+    except (TypeError, ValueError):
         number = -1.0
-    if not number >= 0:
-        raise BadInput(f"{flag} takes a number of seconds, not {value!r}")
+    if not 0 <= number <= MAX_SECONDS:
+        raise BadInput(f"{flag} takes a number of seconds from 0 to {MAX_SECONDS} (a week), "
+                       f"not {shown(value)}")
     return number
 
 
-def count(flag: str, value: str) -> int:
-    if not str(value).isdigit():
-        raise BadInput(f"{flag} takes a whole number, not {value!r}")
-    return int(value)
+def count(flag: str, value: str, most: int | None = None) -> int:
+    """A flag's whole number, from 0 to `most` (no bound: None)."""
+    text = str(value)
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise BadInput(f"{flag} takes a whole number, not {shown(value)}")
+    number = int(text)
+    if most is not None and number > most:
+        raise BadInput(f"{flag} takes a whole number from 0 to {most}, not {shown(value)}")
+    return number
+
+
+def shown(value) -> str:
+    """A flag's value in a message, cut short: a pasted file is not worth repeating."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def inventory(console: Console, hosts: str) -> Inventory:
     chosen, note = chosen_inventory(hosts)
     if note:
         console.print(note, style="yellow")
+    for warning in public_warnings(chosen):
+        console.print(Text.assemble(("warning: ", "bold yellow"), warning))
     return chosen
 
 
 def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     chosen = inventory(console, hosts)
     refuse_problems(chosen, Path(payload))
-    for warning in public_warnings(chosen):
-        console.print(Text.assemble(("warning: ", "bold yellow"), warning))
     return chosen
 
 
@@ -130,25 +150,30 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     """
     console = Console(highlight=False)
     with reported(console):
-        chosen = linted_inventory(console, hosts, payload)
-        options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
-                          grace=seconds("--grace", grace),
-                          requirements_sha256=requirements_hash(Path(payload)),
-                          backup=count("--restarts", restarts) > 0)
-        if dry_run:
-            console.print(plan_text(plan_run(chosen, options, new_run_id())), markup=False,
-                          end="")
-            return
-        if detach and count("--restarts", restarts):
-            raise BadInput("--restarts needs the controller that relaunches the run: it "
-                             "cannot be combined with --detach")
+        # Every flag is read before anything else, the dry run's included: a dry run refuses
+        # what the real run would.
+        chosen = inventory(console, hosts)
         settings = RunSettings(runs_dir=Path(runs_dir),
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
                                start_timeout=seconds("--start-timeout", start_timeout),
                                check=not no_check,
-                               restarts=count("--restarts", restarts), detach=detach,
-                               verbose=verbose)
+                               restarts=count("--restarts", restarts, MAX_RESTARTS),
+                               detach=detach, verbose=verbose)
+        if detach and settings.restarts:
+            raise BadInput("--restarts needs the controller that relaunches the run: it "
+                           "cannot be combined with --detach")
+        options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
+                          grace=seconds("--grace", grace),
+                          requirements_sha256=requirements_hash(Path(payload)),
+                          backup=settings.restarts > 0)
+        if dry_run:
+            refuse_bad_input(chosen, options, settings.runs_dir)
+            # Not wrapped here: a wrapped command line could not be copied, and wrapping a
+            # large cluster's plan costs far more than making it.
+            console.print(plan_text(plan_run(chosen, options, new_run_id())), markup=False,
+                          end="", soft_wrap=True)
+            return
         code = run_training(chosen, options, settings, console)
     exit_with(code)
 

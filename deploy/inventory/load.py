@@ -34,6 +34,14 @@ RESERVED_ENV_PREFIXES = ("TFDEPLOY_",)
 RESERVED_ENV = ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "PYTHONUNBUFFERED")
 
 
+# Ceilings (docs/bad-input.md): far above any cluster this tool is for, low enough that a
+# typo such as `workers: 1000000000` is refused at once instead of planned. Every task takes
+# a port and a process on its host, and every task's TF_CONFIG lists every other task.
+MAX_INVENTORY_BYTES = 1 << 20
+MAX_HOSTS = 512
+MAX_WORKERS_PER_HOST = 128
+MAX_TASKS = 512
+
 HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
     "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
@@ -78,11 +86,18 @@ def load_inventory(path: str | os.PathLike, environ: Mapping[str, str] | None = 
     """Read `path`; raise InventoryError for anything a launch could trip over later."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InventoryError(file, f"not UTF-8 text (byte {exc.start})") from None
+        with open(path, "rb") as f:
+            raw = f.read(MAX_INVENTORY_BYTES + 1)
     except OSError as exc:
         raise InventoryError(file, f"cannot read inventory: {exc.strerror or exc}") from None
+    if len(raw) > MAX_INVENTORY_BYTES:
+        raise InventoryError(file, f"larger than {MAX_INVENTORY_BYTES >> 20} MiB: not an "
+                                   "inventory")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(file, f"not UTF-8 text (byte {exc.start})",
+                             line=raw.count(b"\n", 0, exc.start) + 1) from None
     return parse_inventory(text, file, os.environ if environ is None else environ)
 
 
@@ -90,12 +105,14 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
     try:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
+        where = _Located(root)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None
         problem = getattr(exc, "problem", None) or str(exc)
         raise InventoryError(file, f"not valid YAML: {problem}", line=line) from None
-    where = _Located(root)
+    except RecursionError:
+        raise InventoryError(file, "not an inventory: nested too deeply") from None
     if not isinstance(data, dict):
         raise InventoryError(file, "expected a mapping with a 'hosts' list", line=where.line())
     for key in data:
@@ -115,6 +132,9 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
     if not isinstance(raw_hosts, list) or not raw_hosts:
         raise InventoryError(file, "must be a non-empty list of hosts", field="hosts",
                              line=where.line("hosts"))
+    if len(raw_hosts) > MAX_HOSTS:
+        raise InventoryError(file, f"lists {len(raw_hosts)} hosts; at most {MAX_HOSTS} are "
+                                   "supported", field="hosts", line=where.line("hosts"))
     hosts: list[Host] = []
     resolvers = Resolvers()
     for i, raw in enumerate(raw_hosts):
@@ -123,7 +143,19 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
                                  line=where.line("hosts", i))
         hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ, resolvers))
     _check_unique(file, where, hosts)
+    _check_total(file, where, hosts)
     return Inventory(path=file, hosts=tuple(hosts))
+
+
+def _check_total(file: str, where: _Located, hosts: list[Host]) -> None:
+    total = 0
+    for i, host in enumerate(hosts):
+        total += host.workers
+        if total > MAX_TASKS:
+            raise InventoryError(
+                file, f"brings the run to {total} tasks ({sum(h.workers for h in hosts)} in "
+                      f"all); at most {MAX_TASKS} are supported", host=host.name,
+                field="workers", line=where.line("hosts", i, "workers"))
 
 
 def _merged(defaults: dict, raw: dict) -> dict:
@@ -193,6 +225,9 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     workers = raw.get("workers", 1)
     if workers < 1:
         raise fail("workers", f"must be at least 1, not {workers}")
+    if workers > MAX_WORKERS_PER_HOST:
+        raise fail("workers", f"must be at most {MAX_WORKERS_PER_HOST} tasks on one host, "
+                              f"not {workers}")
     gpus = _gpus(raw, fail)
     if isinstance(gpus, tuple):
         workers = len(gpus)
@@ -303,6 +338,9 @@ def _gpus(raw: dict, fail) -> tuple[int, ...] | str | None:
     if not isinstance(gpus, list) or not gpus or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
         raise fail("gpus", f"must be a list of GPU indices such as [0, 1], or all, not {gpus!r}")
+    if len(gpus) > MAX_WORKERS_PER_HOST:
+        raise fail("gpus", f"lists {len(gpus)} GPUs: one task each, and at most "
+                           f"{MAX_WORKERS_PER_HOST} tasks on one host are supported")
     twice = sorted({g for g in gpus if gpus.count(g) > 1})
     if twice:
         raise fail("gpus", f"lists GPU {twice[0]} more than once")

@@ -31,6 +31,8 @@ USER_FILE = "~/.ssh/config"
 SYSTEM_FILE = "/etc/ssh/ssh_config"
 NO_FILE = "none"                         # like `ssh -F none`: no config at all
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"   # OpenSSH's UserKnownHostsFile
+# An ssh config is read up to this much: past it (or from /dev/zero) it is not one.
+MAX_CONFIG_CHARS = 1 << 20
 MAX_INCLUDE_DEPTH = 16
 MAX_HOPS = 8
 # [user@]host[:port]; host may be [IPv6]. An ssh:// prefix is allowed, as OpenSSH allows it.
@@ -148,8 +150,11 @@ def _text(file: str, base: str, named: str, depth: int) -> str:
         raise SshConfigError(f"{file}: Include nested more than {MAX_INCLUDE_DEPTH} deep "
                              f"(a loop?)", "ssh_config")
     try:
-        text = open(file, encoding="utf-8").read()
-    except (OSError, UnicodeDecodeError) as exc:
+        with open(file, encoding="utf-8") as f:
+            text = f.read(MAX_CONFIG_CHARS + 1)
+        if len(text) > MAX_CONFIG_CHARS:
+            raise ValueError(f"larger than {MAX_CONFIG_CHARS >> 20} MiB: not an ssh config")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         what = getattr(exc, "strerror", None) or exc
         raise SshConfigError(f"cannot read ssh config {file}: {what}"
                              + (f" (from {named})" if named not in (file, DEFAULT_FILE) else ""),

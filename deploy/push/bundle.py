@@ -22,7 +22,7 @@ from deploy.host.cache import END, MAGIC
 from deploy.host.layout import HOST_ZIP, INLINE, MANIFEST, RUN_FILE
 from deploy.push.hashcache import HashCache
 from deploy.push.hostzip import host_zip
-from deploy.push.ignore import IgnoreRules
+from deploy.push.ignore import IGNORE_FILE, IgnoreRules
 
 
 class BundleError(BadInput):
@@ -45,7 +45,11 @@ def payload_files(payload: Path, rules: IgnoreRules | None = None,
     rules = rules or IgnoreRules.of_payload(payload)
     root = payload.resolve()
     files = []
-    for dirpath, dirnames, filenames in os.walk(payload, followlinks=True):
+
+    def unreadable(error: OSError) -> None:
+        raise BundleError(f"{error.filename}: cannot read this directory of the {what}: "
+                          f"{error.strerror}")
+    for dirpath, dirnames, filenames in os.walk(payload, followlinks=True, onerror=unreadable):
         here = Path(dirpath)
         rel_here = "" if here == payload else here.relative_to(payload).as_posix() + "/"
         dirnames[:] = sorted(d for d in dirnames if not rules.ignored(rel_here + d, True))
@@ -56,7 +60,14 @@ def payload_files(payload: Path, rules: IgnoreRules | None = None,
                 raise BundleError(f"{path}: symlink points outside the {what} ({path.resolve()})")
         if here != payload and here.is_symlink() and _inside(root, here.resolve()):
             raise BundleError(f"{here}: symlink loops back into the {what}")
-        files += [(here / name).relative_to(payload) for name in kept if (here / name).is_file()]
+        for name in kept:
+            path = here / name
+            if path.is_file():
+                if not os.access(path, os.R_OK):
+                    raise BundleError(f"{path}: cannot read this file of the {what} "
+                                      "(permission denied); fix it or list it in "
+                                      f"{payload / IGNORE_FILE}")
+                files.append(path.relative_to(payload))
     return sorted(files)
 
 
@@ -65,27 +76,50 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def file_entry(payload: Path, rel: Path, hashes: HashCache) -> FileEntry:
-    digest, stat = hashes.sha256(payload / rel)
+    try:
+        digest, stat = hashes.sha256(payload / rel)
+    except OSError as exc:
+        raise BundleError(f"{payload / rel}: cannot read: {exc.strerror or exc}") from None
     return FileEntry(rel.as_posix(), digest, 0o755 if stat.st_mode & 0o100 else 0o644,
                      stat.st_size)
+
+
+def checked_payload(payload: Path, entry: str) -> list[Path]:
+    """The payload's files that travel (payload_files), after checking what a push needs of
+    the payload directory, the entry script and the ignore file. A dry run and a real run
+    both check through here, so that a dry run that passes means the push will not refuse."""
+    if not payload.is_dir():
+        kind = "" if not payload.exists() else (
+            f" ({payload} is a file)" if payload.is_file() else f" ({payload} is not a directory)")
+        raise BundleError(f"payload directory {payload} does not exist{kind}: give the "
+                          "directory to push with --payload")
+    if not os.access(payload, os.R_OK | os.X_OK):
+        raise BundleError(f"payload directory {payload} cannot be read (permission denied)")
+    if not entry or "\0" in entry or os.path.isabs(entry):
+        raise BundleError(f"entry script {entry!r}: give a path relative to the payload "
+                          f"{payload}, such as train.py")
+    entry_path = payload / entry
+    if not _inside(entry_path.resolve(), payload.resolve()):
+        raise BundleError(f"entry script {entry!r} is outside the payload {payload}: only the "
+                          "payload travels, so the entry must be inside it")
+    if entry_path.is_dir():
+        raise BundleError(f"entry script {entry!r} not found in payload {payload}: it is a "
+                          "directory, not a script")
+    if not entry_path.is_file():
+        raise BundleError(f"entry script {entry!r} not found in payload {payload}")
+    files = payload_files(payload)
+    entry_rel = os.path.normpath(entry)
+    if not any(f.as_posix() == entry_rel for f in files) and not any(
+            (payload / f).resolve() == entry_path.resolve() for f in files):
+        raise BundleError(f"entry script {entry!r} is excluded by {payload / IGNORE_FILE}")
+    return files
 
 
 def manifest(payload: Path, entry: str, hashes: HashCache | None = None,
              ) -> tuple[FileEntry, ...]:
     """Every file that travels, with its content hash. Checks the payload and the entry."""
     hashes = hashes or HashCache()
-    if not payload.is_dir():
-        raise BundleError(f"payload directory {payload} does not exist")
-    entry_path = payload / entry
-    if not _inside(entry_path.resolve(), payload.resolve()) or not entry_path.is_file():
-        raise BundleError(f"entry script {entry!r} not found in payload {payload}")
-    files = tuple(file_entry(payload, rel, hashes) for rel in payload_files(payload))
-    entry_rel = os.path.normpath(entry)
-    if not any(f.path == entry_rel for f in files) and not any(
-            (payload / f.path).resolve() == entry_path.resolve() for f in files):
-        raise BundleError(f"entry script {entry!r} is excluded by "
-                          f"{payload / '.tfdeployignore'}")
-    return files
+    return tuple(file_entry(payload, rel, hashes) for rel in checked_payload(payload, entry))
 
 
 def manifest_document(files: tuple[FileEntry, ...]) -> dict:

@@ -14,13 +14,14 @@ import hashlib
 import io
 import json
 import tarfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from deploy.host.layout import DATA_MANIFEST, HOST_ZIP
-from deploy.inventory.model import Inventory, InventoryError
+from deploy.inventory.model import Host, Inventory, InventoryError
 from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import (
     BundleError, FileEntry, FileStream, SharedStreams, add_bytes, file_entry, manifest_document,
@@ -47,9 +48,11 @@ class DataTree:
         return sum(f.size for f in self.files)
 
     @classmethod
-    def of(cls, root: Path, hashes: HashCache) -> "DataTree":
-        files = tuple(file_entry(root, rel, hashes)
-                      for rel in payload_files(root, what="data directory"))
+    def of(cls, root: Path, hashes: HashCache, walked: list[Path] | None = None) -> "DataTree":
+        """The tree of `root`, its files hashed (`walked`: its files, when already listed)."""
+        if walked is None:
+            walked = payload_files(root, what="data directory")
+        files = tuple(file_entry(root, rel, hashes) for rel in walked)
         return cls(root, files, json.dumps(manifest_document(files)).encode())
 
     def stage(self) -> bytes:
@@ -61,6 +64,29 @@ class DataTree:
         return buf.getvalue()
 
 
+def local_data(inventory: Inventory) -> dict[str, tuple[Host, list[Path]]]:
+    """Every local data directory of the inventory (walked once however many hosts use it),
+    the first host that uses it, and its files; InventoryError naming the file, the host and
+    the field for what would stop its push. A dry run checks the data through here too."""
+    found: dict[str, tuple[Host, list[Path]]] = {}
+    for host in inventory.hosts:
+        data = host.data
+        if data is None or data.kind != "local" or data.path in found:
+            continue
+        with _located(inventory, host):
+            found[data.path] = host, payload_files(Path(data.path), what="data directory")
+    return found
+
+
+@contextmanager
+def _located(inventory: Inventory, host: Host):
+    try:
+        yield
+    except (BundleError, OSError) as exc:
+        raise InventoryError(inventory.path, f"local: {exc}", host=host.name,
+                             field="data") from None
+
+
 class DataPush:
     """Every local data directory of the inventory, hashed once however many hosts use it."""
 
@@ -68,15 +94,9 @@ class DataPush:
         # Saved only after a push that reached every host (as the payload's hashes are).
         self.hashes = HashCache(hash_cache)
         self.trees: dict[str, DataTree] = {}
-        for host in inventory.hosts:
-            data = host.data
-            if data is None or data.kind != "local" or data.path in self.trees:
-                continue
-            try:
-                self.trees[data.path] = DataTree.of(Path(data.path), self.hashes)
-            except (BundleError, OSError) as exc:
-                raise InventoryError(inventory.path, f"local: {exc}", host=host.name,
-                                     field="data") from None
+        for path, (host, walked) in local_data(inventory).items():
+            with _located(inventory, host):
+                self.trees[path] = DataTree.of(Path(path), self.hashes, walked)
         self.streams = SharedStreams()
 
     def resolved(self, inventory: Inventory) -> Inventory:

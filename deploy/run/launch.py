@@ -2,7 +2,8 @@
 (watch.py) or left running on its hosts (--detach) for any later shell to pick up.
 
 Order matters for "bad input changes nothing anywhere": everything that can be checked locally
-(inventory, payload, args) is checked before any host is touched, and once anything has been
+(inventory, payload, data, runs directory: preflight.py, as the dry run checks it) is checked
+before any host is touched, and once anything has been
 written to a host, every way out goes through teardown.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
 from deploy.run.check import check_before_run
 from deploy.run.finish import Finish, finish
+from deploy.run.preflight import refuse_bad_input
 from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings
 from deploy.run.watch import follow_to_end
@@ -34,6 +36,7 @@ from deploy.state.record import (
 
 def train(inventory: Inventory, options: Options, settings: RunSettings,
           console: Console) -> int:
+    refuse_bad_input(inventory, options, settings.runs_dir)
     run_id = new_run_id()
     payload = PayloadPush(Path(options.payload), options.entry, run_id,
                           hash_cache=settings.runs_dir / "payload-hashes.json")

@@ -34,13 +34,26 @@ def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
     return result
 
 
+# An agent answers with one JSON object on its last line; past this size it is not an answer
+# (the largest, a poll, carries at most 1 MiB of log per task, base64-encoded).
+MAX_ANSWER_BYTES = 256 << 20
+
+
 def agent_json(result: CommandResult, host: Host, step: str) -> dict:
+    """The agent's answer: its last line as a JSON object, or StepFailed naming the host and
+    quoting the first bytes of what came instead."""
     checked(result, host, step)
+    lines = result.stdout.strip().splitlines()
     try:
-        return json.loads(result.stdout.decode("utf-8").strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        if not lines or len(lines[-1]) > MAX_ANSWER_BYTES:
+            raise ValueError
+        doc = json.loads(lines[-1])
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict):
         raise StepFailed(f"{host.label}: {step}: unexpected answer "
                          f"{result.stdout[:200]!r}") from None
+    return doc
 
 
 class Session:

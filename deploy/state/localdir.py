@@ -13,8 +13,10 @@
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from deploy.errors import BadInput
 from deploy.host.layout import task_name
 
 RECORD = "record.json"
@@ -42,3 +44,22 @@ def link_tensorboard(local_dir: Path) -> Path | None:
     if not link.is_symlink() and not link.exists():
         link.symlink_to(Path(ARTIFACTS) / TENSORBOARD, target_is_directory=True)
     return link
+def check_runs_dir(runs_dir: Path) -> None:
+    """BadInput unless `runs_dir` is a directory this process can write into, or one it can
+    create: checked before anything runs, so that a run never starts without its records."""
+    if runs_dir.exists():
+        if not runs_dir.is_dir():
+            raise BadInput(f"runs directory {runs_dir} is not a directory (it holds the local "
+                           "run records: give a directory with --runs-dir)")
+        if not os.access(runs_dir, os.W_OK | os.X_OK):
+            raise BadInput(f"runs directory {runs_dir} is not writable")
+        return
+    existing = runs_dir.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadInput(f"runs directory {runs_dir} cannot be created: {existing} is not a "
+                       "directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BadInput(f"runs directory {runs_dir} cannot be created: {existing} is not "
+                       "writable")

@@ -28,6 +28,7 @@ from typing import Any
 
 from deploy.errors import BadInput
 from deploy.inventory.datasource import DataSource
+from deploy.inventory.load import MAX_WORKERS_PER_HOST, workdir_problem
 from deploy.inventory.model import Host, Inventory
 from deploy.inventory.sshconfig import Hop
 from deploy.plan.planner import Options, RunPlan, plan_run
@@ -43,6 +44,19 @@ HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", 
                "own_python", "gpus", "data", "ssh_config", "jump", "target", "via")
 # What new_run_id makes: a run id names directories here and on every host.
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+# The types a recorded host field may have, checked when read: a record edited out of shape
+# is refused naming its file, not met by a TypeError in the middle of `inv down`.
+_OPTIONAL = type(None)
+_HOST_TYPES = {
+    "name": (str,), "address": (str,), "transport": (str,), "port": (int, _OPTIONAL),
+    "user": (str, _OPTIONAL), "identity_file": (str, _OPTIONAL), "known_hosts": (str,),
+    "host_key_policy": (str,), "python": (str,), "workdir": (str,), "cluster_address": (str,),
+    "workers": (int,), "own_python": (bool,), "gpus": (list, tuple, str, _OPTIONAL),
+    "data": (dict, _OPTIONAL), "ssh_config": (str,), "jump": (str, _OPTIONAL),
+    "target": (dict, _OPTIONAL), "via": (list, tuple, _OPTIONAL),
+}
 
 
 class RecordError(BadInput):
@@ -99,9 +113,13 @@ class RunRecord:
 
     def plan(self, where: str = "record") -> RunPlan:
         """The run's plan again: same hosts, run dirs, ports and commands."""
-        ports = {t.index: t.port for t in self.tasks}
-        plan = plan_run(Inventory(path=where, hosts=self.hosts), self.options, self.run_id,
-                        ports)
+        try:
+            ports = {t.index: t.port for t in self.tasks}
+            plan = plan_run(Inventory(path=where, hosts=self.hosts), self.options, self.run_id,
+                            ports)
+        except (TypeError, ValueError, AttributeError, IndexError) as exc:
+            # A record edited out of shape in a way its reading could not see.
+            raise RecordError(f"{where}: not a usable tfdeploy run record: {exc}") from None
         recorded = [(t.index, t.endpoint) for t in self.tasks]
         if [(t.index, t.endpoint) for t in plan.tasks] != recorded:
             raise RecordError(f"{where}: its hosts and tasks do not match (edited by hand?)")
@@ -178,7 +196,7 @@ class RunRecord:
             raise
         except KeyError as exc:
             raise fail(f"field {exc.args[0]!r} is missing") from None
-        except (TypeError, ValueError, AttributeError) as exc:
+        except (TypeError, ValueError, AttributeError, IndexError) as exc:
             raise fail(str(exc)) from None
 
 
@@ -221,11 +239,14 @@ def load_record(run_dir: Path) -> RunRecord:
         doc = json.loads(raw)
     except ValueError as exc:
         raise RecordError(f"{path}: unreadable run record: {exc}") from None
+    except RecursionError:
+        raise RecordError(f"{path}: unreadable run record: nested too deeply") from None
     return RunRecord.from_document(doc, str(path))
 
 
 def list_records(runs_dir: Path) -> list[RunRecord]:
     """Every readable record below `runs_dir`, oldest first."""
+    _check_is_dir(runs_dir)
     found = []
     if runs_dir.is_dir():
         for entry in runs_dir.iterdir():
@@ -239,8 +260,7 @@ def list_records(runs_dir: Path) -> list[RunRecord]:
 
 def find_run(runs_dir: Path, run_id: str | None) -> Path:
     """The directory of run `run_id` (a unique prefix will do), or of the newest run."""
-    if runs_dir.exists() and not runs_dir.is_dir():
-        raise RecordError(f"runs directory {runs_dir} is not a directory")
+    _check_is_dir(runs_dir)
     if run_id:
         exact = runs_dir / run_id
         if RUN_ID.match(run_id) and (exact / RECORD_FILE).is_file():
@@ -255,6 +275,11 @@ def find_run(runs_dir: Path, run_id: str | None) -> Path:
     if not records:
         raise RecordError(f"no runs recorded in {runs_dir}")
     return runs_dir / records[-1].run_id
+
+
+def _check_is_dir(runs_dir: Path) -> None:
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise RecordError(f"runs directory {runs_dir} is not a directory")
 
 
 class FollowLock:
@@ -315,12 +340,27 @@ def _stored(value):
 
 def _hop(fields: dict) -> Hop:
     """A recorded login; lists back to tuples (a field a record predates keeps its default)."""
-    return Hop(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    hop = Hop(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    if not (isinstance(hop.name, str) and isinstance(hop.hostname, str)
+            and isinstance(hop.port, int) and not isinstance(hop.port, bool)
+            and 1 <= hop.port <= 65535 and isinstance(hop.user, (str, _OPTIONAL))
+            and all(isinstance(f, str) for f in hop.identity_files)):
+        raise TypeError(f"SSH login {fields!r} is out of shape")
+    return hop
 
 
 def _host(fields: dict) -> Host:
     """A host as recorded: the same resolved logins and gateways, whatever the ssh config
     says now. (A record written before a field existed gets that field's default.)"""
+    for key, value in fields.items():
+        kind = _HOST_TYPES[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
+            raise TypeError(f"host field {key!r} cannot be {value!r}")
+    workers, workdir = fields.get("workers", 1), fields.get("workdir", Host.workdir)
+    if not 1 <= workers <= MAX_WORKERS_PER_HOST:
+        raise ValueError(f"host field 'workers' cannot be {workers!r}")
+    if workdir_problem(workdir):
+        raise ValueError(f"host field 'workdir' {workdir_problem(workdir)}")
     gpus, target = fields.get("gpus"), fields.get("target")
     return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus,
                    "data": DataSource.of(fields.get("data")),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from deploy.push.bundle import BundleError, manifest, payload_files
-from deploy.push.ignore import IgnoreRules
+from deploy.push.ignore import IgnoreFileError, IgnoreRules
 
 
 def ignored(rules: str, path: str, is_dir: bool = False) -> bool:
@@ -87,4 +87,14 @@ def test_an_ignored_symlink_out_of_the_payload_is_not_refused(payload, tmp_path)
 def test_an_ignored_entry_script_is_an_error(payload):
     (payload / ".tfdeployignore").write_text("train.py\n")
     with pytest.raises(BundleError, match="excluded by .*tfdeployignore"):
+        manifest(payload, "train.py")
+
+
+def test_an_ignore_file_too_large_or_not_utf8_is_refused_naming_it(payload):
+    ignore = payload / ".tfdeployignore"
+    ignore.write_bytes(b"*.tmp\n" * 200_000)
+    with pytest.raises(IgnoreFileError, match=rf"^{ignore}: larger than 1 MiB"):
+        manifest(payload, "train.py")
+    ignore.write_bytes(b"*.tmp\ncaf\xe9\n")
+    with pytest.raises(IgnoreFileError, match=rf"^{ignore}:2: not UTF-8 text"):
         manifest(payload, "train.py")

@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deploy.inventory.load import load_inventory, parse_inventory, workdir_problem
+from deploy.inventory.load import (
+    MAX_HOSTS, MAX_INVENTORY_BYTES, MAX_TASKS, MAX_WORKERS_PER_HOST, load_inventory,
+    parse_inventory, workdir_problem
+)
 from deploy.inventory.model import EnvValue, Host, InventoryError
 
 BAD = Path(__file__).with_name("bad_inventories")
@@ -343,9 +346,9 @@ def test_workers_must_be_positive(workers):
     try:
         host = parse(one_host(workers=workers)).hosts[0]
     except InventoryError as exc:
-        assert workers < 1 and exc.field == "workers"
+        assert not 1 <= workers <= MAX_WORKERS_PER_HOST and exc.field == "workers"
     else:
-        assert workers >= 1 and host.workers == workers
+        assert 1 <= workers <= MAX_WORKERS_PER_HOST and host.workers == workers
 
 
 @settings(max_examples=200, deadline=None)
@@ -356,3 +359,32 @@ def test_an_accepted_workdir_is_a_directory_of_its_own(workdir):
         parts = [p for p in workdir.split("/") if p not in ("", ".")]
         assert ".." not in parts
         assert parts and parts != ["~"]
+
+
+# ---- bounds ----------------------------------------------------------------------------------
+
+def test_a_typo_in_workers_is_refused_at_once_naming_the_field():
+    with pytest.raises(InventoryError, match=r"field 'workers': must be at most 128") as caught:
+        parse(one_host(workers=1000000000))
+    assert caught.value.host == "a" and caught.value.line == 2
+
+
+def test_too_many_hosts_or_tasks_are_refused_naming_the_field():
+    many = "hosts:\n" + "".join(f"  - {{name: h{i}, address: 10.0.{i // 200}.{i % 200 + 1}}}\n"
+                                for i in range(MAX_HOSTS + 1))
+    with pytest.raises(InventoryError, match=rf"field 'hosts': lists {MAX_HOSTS + 1} hosts"):
+        parse(many)
+    hosts = MAX_TASKS // MAX_WORKERS_PER_HOST + 1
+    crowded = "hosts:\n" + "".join(
+        f"  - {{name: h{i}, address: 10.0.0.{i + 1}, workers: {MAX_WORKERS_PER_HOST}}}\n"
+        for i in range(hosts))
+    with pytest.raises(InventoryError, match=rf"host 'h{hosts - 1}': field 'workers': brings "
+                                             rf"the run to {MAX_TASKS + MAX_WORKERS_PER_HOST}"):
+        parse(crowded)
+
+
+def test_an_inventory_file_past_the_size_limit_is_refused_unread(tmp_path):
+    path = tmp_path / "hosts.yaml"
+    path.write_bytes(b"#" * (MAX_INVENTORY_BYTES + 1))
+    with pytest.raises(InventoryError, match="larger than 1 MiB"):
+        load_inventory(path)
