@@ -7,9 +7,12 @@
     push.json data.json  what each host was sent
     summary.json         how the run ended: exit codes, losses, teardown problems
     artifacts/           the chief's TFDEPLOY_OUTPUT_DIR, fetched at the end
+
+All of it private to the user (private_umask).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from deploy.host.layout import task_name
@@ -25,3 +28,9 @@ ARTIFACTS = "artifacts"
 
 def task_log(local_dir: Path, task: int) -> Path:
     return local_dir / f"{task_name(task)}.log"
+
+
+def private_umask() -> None:
+    """Everything the controller writes (records, logs, artifacts) is the user's alone, as on
+    the hosts: umask 077 for this process."""
+    os.umask(0o077)
