@@ -19,7 +19,7 @@ from deploy.errors import BadInput, TfdeployError
 from deploy.inventory.builtin import chosen_inventory
 from deploy.inventory.model import Inventory
 from deploy.plan.command import split_args
-from deploy.plan.lints import refuse_problems
+from deploy.plan.lints import public_address_warnings, refuse_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
 from deploy.run.check import check_hosts
@@ -105,6 +105,8 @@ def inventory(console: Console, hosts: str) -> Inventory:
 def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     chosen = inventory(console, hosts)
     refuse_problems(chosen, Path(payload))
+    for warning in public_address_warnings(chosen):
+        console.print(Text.assemble(("warning: ", "bold yellow"), warning))
     return chosen
 
 

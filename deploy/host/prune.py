@@ -14,6 +14,7 @@ Only names of the layout are touched (run ids with their run.json, sha256 file n
 environment keys); symbolic links are never followed. The answer says per kind what went (or
 would go, with `dry`): counts and bytes.
 """
+import collections
 import json
 import os
 import re
@@ -43,6 +44,19 @@ def tree_bytes(path):
             except OSError:
                 pass
     return total
+
+
+def inode_links(path):
+    """(device, inode) of every file under `path`, with the number of its names there."""
+    found = collections.Counter()
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            found[(st.st_dev, st.st_ino)] += 1
+    return found
 
 
 def newest_change(path):
@@ -106,6 +120,7 @@ def prune(workdir, host, keep, age, dry, now=None):
     now = time.time() if now is None else now
     freed = {"runs": [0, 0], "files": [0, 0], "envs": [0, 0]}
     needed = set(keep.get("files", []))
+    links = collections.Counter()
     for run_id, path in run_dirs(workdir):
         if (run_id in keep.get("runs", []) or maybe_live(path, run_id, host)
                 or now - newest_change(path) < age):
@@ -113,13 +128,16 @@ def prune(workdir, host, keep, age, dry, now=None):
             continue
         freed["runs"][0] += 1
         freed["runs"][1] += tree_bytes(path)
-        if not dry:
+        if dry:
+            links.update(inode_links(path))    # a dry run counts them as deleted too
+        else:
             shutil.rmtree(path, ignore_errors=True)
     files = os.path.join(workdir, CACHE, "files")
     for name in sorted(os.listdir(files)) if os.path.isdir(files) else []:
         path = os.path.join(files, name)
         st = os.lstat(path)
-        if not HEX64.match(name) or name in needed or st.st_nlink > 1 or not os.path.isfile(path):
+        if (not HEX64.match(name) or name in needed or not os.path.isfile(path)
+                or st.st_nlink - links[(st.st_dev, st.st_ino)] > 1):
             continue
         freed["files"][0] += 1
         freed["files"][1] += st.st_size

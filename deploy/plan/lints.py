@@ -93,6 +93,24 @@ def lint(inventory: Inventory, payload: Path) -> list[str]:
 
 
 
+def public_address_warnings(inventory: Inventory) -> list[str]:
+    """TensorFlow's gRPC ports take unauthenticated requests: a cluster address that is a
+    global (public) IP lets anyone who reaches it run operations as the task's user. A warning,
+    not a refusal: a firewall may well close the ports. Names are not resolved."""
+    warnings = []
+    for host in inventory.hosts:
+        try:
+            public = ipaddress.ip_address(host.tf_address).is_global
+        except ValueError:
+            continue
+        if public:
+            warnings.append(
+                f"{inventory.path}: host {host.name!r}: cluster address {host.tf_address} is a "
+                f"public IP; TensorFlow's gRPC ports accept unauthenticated requests: train on "
+                f"a private network or firewall the ports to the cluster")
+    return warnings
+
+
 def refuse_problems(inventory: Inventory, payload: Path) -> None:
     """LintFailed naming every problem of `inventory` with `payload`, before anything runs."""
     problems = lint(inventory, payload)
