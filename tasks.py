@@ -27,6 +27,7 @@ from deploy.plan.text import plan_text
 from deploy.run.check import check_hosts
 from deploy.run.preflight import refuse_bad_input
 from deploy.run.launch import train as run_training
+from deploy.run.prune import prune as prune_hosts
 from deploy.run.reattach import down as stop_run
 from deploy.run.reattach import list_runs
 from deploy.run.reattach import logs as show_logs
@@ -35,6 +36,7 @@ from deploy.run.reattach import status as show_status
 from deploy.run.run import RunSettings
 from deploy.run.setup import requirements_hash
 from deploy.run.setup import setup as setup_envs
+from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id
 
 HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
@@ -56,6 +58,7 @@ VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log
 def reported(console: Console):
     """Expected errors as one red line; exit status 2 for bad input (nothing was touched),
     1 for a failure, 130 for Ctrl-C before a run had started (later ones the run handles)."""
+    private_umask()
     try:
         yield
     except TfdeployError as exc:
@@ -104,6 +107,20 @@ def shown(value) -> str:
     """A flag's value in a message, cut short: a pasted file is not worth repeating."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(flag: str, value: str) -> float:
+    """`90`, `90s`, `30m`, `12h`, `7d` as seconds."""
+    text = str(value).strip().lower()
+    unit = DURATION_UNITS.get(text[-1:], None) if text else None
+    try:
+        return seconds(flag, text[:-1] if unit else text) * (unit or 1)
+    except BadInput:
+        raise BadInput(f"{flag} takes a duration such as 90s, 30m, 12h or 7d, not {value!r}") \
+            from None
 
 
 def inventory(console: Console, hosts: str) -> Inventory:
@@ -242,6 +259,34 @@ def hosts(c, hosts="", json=False):
             print(dumps(login_documents(chosen), indent=2))
         else:
             console.print(login_text(chosen), markup=False, end="")
+
+
+@task(help={
+    "hosts": HOSTS_HELP,
+    "payload": "keep the files and environment of this payload directory (default: keep none)",
+    "dry_run": "say per host what would be freed; delete nothing",
+    "runs_dir": "local run records: runs they call live are kept (default: runs/)",
+    "older_than": "free ended run directories left on hosts once unchanged this long "
+                  "(90s, 30m, 12h, 7d; default: 7d)",
+    **SSH_HELP,
+})
+def prune(c, hosts="", payload="", dry_run=False, runs_dir="runs", older_than="7d",
+          connect_timeout="10", accept_new_host_keys=False):
+    """Free space in every host's workdir that no live run needs.
+
+    Deletes cached payload and data files and `inv setup` environments that neither a live run
+    nor --payload needs, and ended run directories older than --older-than; prints per host
+    what it freed. Never touches a live run, nor anything outside the workdir's own layout.
+
+    Exit status: 0 when every host was pruned, 1 when one failed, 2 for bad input.
+    """
+    console = Console(highlight=False)
+    with reported(console):
+        code = prune_hosts(inventory(console, hosts), Path(payload) if payload else None,
+                           Path(runs_dir), duration("--older-than", older_than), dry_run,
+                           seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
+                           console)
+    exit_with(code)
 
 
 RUN_HELP = {

@@ -4,7 +4,8 @@ Each lab host is its own ``sshd`` listening on 127.0.0.N (N = 2, 3, ...) and a f
 its own host key and its own workdir. ``start(n, ipv6=True)`` puts them on ``::1`` instead, told
 apart by their ports alone (IPv6 has one loopback address). Clients log in as the current user with one lab key pair
 and verify hosts strictly against the lab's ``known_hosts``. All hosts are really this machine,
-so every host gets a distinct workdir.
+so every host gets a distinct workdir; ``sharing_workdir`` gives hosts one workdir instead,
+as a home directory shared over NFS does.
 
     with SshLab(tmp_path) as lab:
         h1, h2 = lab.start(2)
@@ -53,7 +54,7 @@ class LabHost:
     name: str                 # h1, h2, ...
     address: str              # 127.0.0.N, or ::1
     port: int
-    workdir: Path             # distinct per host; not created (the tool under test owns it)
+    workdir: Path             # distinct per host unless shared; not created (the tool owns it)
     identity_file: Path       # the lab's client private key
     known_hosts: Path         # the lab's known_hosts (holds this host unless record_host_keys=False)
     host_key: Path            # this server's public host key file (ssh-ed25519 ...)
@@ -152,6 +153,12 @@ class SshLab:
         with open(self.known_hosts, "a") as f:
             f.write(host.known_hosts_line())
         return host
+
+    def sharing_workdir(self, hosts: Iterable[LabHost], name: str = "shared") -> list[LabHost]:
+        """The same hosts with one workdir between them, as an NFS home gives every machine:
+        <base>/<name>/work (not created: the tool under test owns it)."""
+        workdir = self.base_dir / name / "work"
+        return [dataclasses.replace(host, workdir=workdir) for host in hosts]
 
     # -- inventories -------------------------------------------------------------------------
 

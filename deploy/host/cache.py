@@ -1,7 +1,11 @@
 """Host side of the incremental push: a content-addressed file cache and the payload built
 from it.
 
-    <workdir>/cache/files/<sha256>   one verified copy of every content ever received (0444)
+    <workdir>/cache/files/<sha256>   one verified copy of every content ever received (0400)
+    <workdir>/cache/verified/<sha256>  the stat signature (size, mtime, inode) the file had
+                                     when its hash was verified: a file whose signature changed
+                                     since (edited, truncated, replaced) is hashed again before
+                                     it is used, and dropped when its content is wrong
     <workdir>/cache/tmp/             partial receipts; a file moves to files/ only after its
                                      hash matched, so an interrupted transfer leaves at most
                                      orphans here, never a wrong file in files/
@@ -16,10 +20,12 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import sys
 import tempfile
 
+from deploy.host import share
 from deploy.host.layout import INLINE as INLINE_DIR
 from deploy.host.layout import MANIFEST, PAYLOAD
 
@@ -52,16 +58,63 @@ def cached(cache, digest):
     return os.path.join(cache, "files", digest)
 
 
-def want(rundir, cache):
+def signature(path):
+    st = os.lstat(path)
+    return "%d %d %d" % (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _remember(cache, digest):
+    """Record the signature of files/<digest>, whose content was just verified."""
+    folder = os.path.join(cache, "verified")
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, "%s.%s" % (digest, secrets.token_hex(8)))
+    with open(tmp, "w") as f:
+        f.write(signature(cached(cache, digest)))
+    os.replace(tmp, os.path.join(folder, digest))
+
+
+def usable(cache, digest):
+    """Whether files/<digest> holds that content: its signature is the one recorded when it was
+    verified, or else its content is hashed again (and a wrong file removed)."""
+    path = cached(cache, digest)
+    try:
+        if not os.path.isfile(path) or os.path.islink(path):
+            return False
+        with open(os.path.join(cache, "verified", digest)) as f:
+            if f.read() == signature(path):
+                return True
+    except FileNotFoundError:
+        pass
+    hasher = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                hasher.update(chunk)
+    except FileNotFoundError:
+        return False
+    if hasher.hexdigest() != digest:
+        os.unlink(path)
+        return False
+    _remember(cache, digest)
+    return True
+
+
+def want(rundir, cache, member=None):
     """The hashes of the manifest that the cache does not hold yet. When it holds them all,
-    payload/ is assembled right away, saving the controller a round trip."""
+    payload/ is assembled right away, saving the controller a round trip. `member` (host name,
+    its tasks) is recorded in the run directory; the answer names the filesystem, so that the
+    controller sends a workdir that hosts share only once."""
+    answer = {}
+    if member:
+        share.join(rundir, member[0], [int(t) for t in member[1].split(",") if t])
+        answer["filesystem"] = share.filesystem_id(os.path.dirname(cache))
     files = read_manifest(rundir)
     received = take_inline(rundir, cache, {d for _, d, _, _ in files})
-    missing = sorted({d for _, d, _, _ in files if not os.path.isfile(cached(cache, d))})
+    missing = sorted({d for _, d, _, _ in files if not usable(cache, d)})
     if not missing:
-        return {"missing": [], "received": received, "files": assemble(rundir, cache, files),
-                "assembled": True}
-    return {"missing": missing, "received": received, "files": len(files)}
+        return dict(answer, missing=[], received=received, assembled=True,
+                    files=assemble(rundir, cache, files))
+    return dict(answer, missing=missing, received=received, files=len(files))
 
 
 def take_inline(rundir, cache, expected):
@@ -72,17 +125,26 @@ def take_inline(rundir, cache, expected):
     os.makedirs(os.path.join(cache, "tmp"), exist_ok=True)
     os.makedirs(os.path.join(cache, "files"), exist_ok=True)
     taken = []
+    # A host sharing the workdir may be taking the same files at once: a file it took first is
+    # in the cache, and whatever is left here goes with the run directory.
     for digest in sorted(os.listdir(inline)):
         if digest not in expected:
             raise CacheError("unexpected inline file %r" % digest)
         path = os.path.join(inline, digest)
-        if not os.path.isfile(cached(cache, digest)):
-            with open(path, "rb") as source:
-                _store(cache, os.path.join(cache, "tmp"), digest, source,
-                       os.path.getsize(path))
-            taken.append(digest)
-        os.unlink(path)
-    os.rmdir(inline)
+        try:
+            if not usable(cache, digest):
+                with open(path, "rb") as source:
+                    _store(cache, os.path.join(cache, "tmp"), digest, source,
+                           os.fstat(source.fileno()).st_size)
+                taken.append(digest)
+            os.unlink(path)
+        except FileNotFoundError:
+            if not usable(cache, digest):
+                raise
+    try:
+        os.rmdir(inline)
+    except OSError:
+        pass
     return taken
 
 
@@ -129,7 +191,8 @@ def _store(cache, tmpdir, digest, source, size, buf=None):
     enters files/ only when the hash matched. One reused buffer, written straight to the file
     descriptor: no new bytes object per chunk."""
     view = memoryview(buf if buf is not None else bytearray(min(CHUNK, max(size, 1))))
-    tmp = os.path.join(tmpdir, "%s.%d" % (digest[:16], os.getpid()))
+    # Random, not the pid alone: hosts sharing the workdir share this directory too.
+    tmp = os.path.join(tmpdir, "%s.%d.%s" % (digest[:16], os.getpid(), secrets.token_hex(4)))
     fd = _create(tmp)
     try:
         hasher, left = hashlib.sha256(), size
@@ -146,6 +209,7 @@ def _store(cache, tmpdir, digest, source, size, buf=None):
         if hasher.hexdigest() != digest:
             raise CacheError("content of %s arrived with hash %s" % (digest, hasher.hexdigest()))
         os.replace(tmp, cached(cache, digest))
+        _remember(cache, digest)
         return size
     finally:
         if os.path.exists(tmp):
@@ -153,7 +217,8 @@ def _store(cache, tmpdir, digest, source, size, buf=None):
 
 
 def _create(path):
-    """A new read-only file open for writing (the mode is set at creation: no chmod after).
+    """A new read-only file open for writing (the mode is set at creation, under the umask:
+    no chmod after).
     A leftover of an earlier receipt by a process with the same pid is replaced."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -171,17 +236,21 @@ def _write_all(fd, view):
 def assemble(rundir, cache, files):
     """Build payload/ in a temporary directory beside it and rename it into place. Plain files
     are hard links into the cache (read-only, so an in-place write fails instead of changing
-    the cache); executables are copies, because a link shares the cache file's mode."""
+    the cache); executables are copies, because a link shares the cache file's mode. A
+    payload/ already there was assembled by another host of this run that shares the workdir
+    (the run directory's name is the run's own id): it is this very payload."""
     final = os.path.join(rundir, PAYLOAD)
-    if os.path.exists(final):
-        raise CacheError("%s exists already" % final)
+    if os.path.isdir(final):
+        return len(files)
     tmp = tempfile.mkdtemp(prefix=".payload-", dir=rundir)
     made = {tmp}
+    mask = os.umask(0)
+    os.umask(mask)
     try:
         for path, digest, mode, size in files:
             source, dest = cached(cache, digest), os.path.join(tmp, *path.split("/"))
-            if os.path.getsize(source) != size:
-                raise CacheError("cached %s has the wrong size" % digest)
+            if not usable(cache, digest) or os.path.getsize(source) != size:
+                raise CacheError("cached %s is missing or has the wrong content" % digest)
             parent = os.path.dirname(dest)
             if parent not in made:
                 os.makedirs(parent, exist_ok=True)
@@ -189,8 +258,13 @@ def assemble(rundir, cache, files):
             if mode == 0o644 and _link(source, dest):
                 continue
             shutil.copyfile(source, dest)
-            os.chmod(dest, mode)
-        os.rename(tmp, final)
+            os.chmod(dest, mode & ~mask)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.isdir(final):
+                raise
+            shutil.rmtree(tmp)     # another host sharing the workdir was first
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -205,11 +279,11 @@ def _link(source, dest):
         return False
 
 
-def push(rundir, cache, stdin, stdout):
+def push(rundir, cache, stdin, stdout, member=None):
     """`want`, answered at once as a line on `stdout`; then, unless payload/ was assembled
     already, `receive` of exactly the missing files from the same `stdin`: one command per
     push (the stage was unpacked by the command's bootstrap, deploy/plan/planner.py)."""
-    answer = want(rundir, cache)
+    answer = want(rundir, cache, member)
     stdout.write(json.dumps(answer) + "\n")
     stdout.flush()
     if answer.get("assembled"):
@@ -223,7 +297,7 @@ def main(verb, args):
         if verb == "want":
             return want(rundir, cache)
         if verb == "push":
-            return push(rundir, cache, sys.stdin.buffer, sys.stdout)
+            return push(rundir, cache, sys.stdin.buffer, sys.stdout, args[2:4] or None)
         return receive(rundir, cache, sys.stdin.buffer)
     except (CacheError, OSError, ValueError, KeyError) as exc:
         raise SystemExit("payload %s: %s" % (verb, exc))

@@ -13,8 +13,10 @@ Verbs (each prints one JSON document on stdout):
 """
 import json
 import os
+import pwd
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -75,6 +77,31 @@ def any_address_socket():
     return socket.socket(socket.AF_INET, socket.SOCK_STREAM), ""
 
 
+# Why writing under `workdir` is unsafe, or None: a workdir owned by another user, or the
+# directory it is (or would be created) in writable by group or others without the sticky bit
+# (anyone could swap what the tool writes). The push's bootstrap runs this function's source
+# before it writes anything (deploy/plan/planner.py), so it stays self-contained and terse.
+def unsafe_workdir(workdir):
+    wanted = os.path.abspath(os.path.expanduser(workdir))
+    path = wanted
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    st = os.stat(path)
+    foreign = path == wanted and st.st_uid != os.getuid()
+    open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+    if not foreign and not open_to_others:
+        return None
+    def name(uid):
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return "uid %d" % uid
+    where = "owned by" if path == wanted else "in %s, owned by" % path
+    return ("unsafe workdir %s: %s %s, mode %04o; it must be owned by %s and not writable by "
+            "group or others (unless sticky)" % (
+                wanted, where, name(st.st_uid), stat.S_IMODE(st.st_mode), name(os.getuid())))
+
+
 def free_ports(count):
     """Ports the kernel calls free on every interface and in both families (TensorFlow binds
     [::]:port). `inv check` and the port choice of `inv train` both ask this, so both choose
@@ -114,6 +141,7 @@ def probe(workdir, count, data=None):
         "disk_path": base,
         "disk_free": st.f_bavail * st.f_frsize,
         "writable": os.access(base, os.W_OK | os.X_OK),
+        "workdir_problem": unsafe_workdir(workdir),
         "ports": free_ports(count),
         "ipv6": has_ipv6(),
     }

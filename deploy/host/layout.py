@@ -2,6 +2,9 @@
 
     <workdir>/runs/<run-id>/        one run's directory (RUNS); deleted by its teardown
         run.json                    {"run_id": ...}: whose directory this is
+        hosts/<host>.json           {"tasks": [...]}: one per inventory host using the directory
+                                    (several when hosts share the workdir, e.g. an NFS home);
+                                    the last host whose teardown ends deletes the directory
         tfdeploy-host.zip           this package, run as `python -I tfdeploy-host.zip VERB ...`
         manifest.json               what payload/ must hold
         payload/                    the training program, assembled from the cache
@@ -11,6 +14,10 @@
     <workdir>/cache/files/<sha256>  content cache of payload and data files (kept)
     <workdir>/data/<tree sha256>    a pushed data directory (kept)
     <workdir>/envs/<key>/           an environment built by `inv setup` (kept)
+    <workdir>/filesystem.json       {"id", "inode"}: the same id on every host that shares the
+                                    workdir's filesystem, so that such hosts get one push
+
+Everything is created with umask 077: nothing here is readable or writable by others.
 
 Paths are joined with "/" so that a leading `~/` stays for the host's shell to expand.
 """
@@ -28,6 +35,8 @@ REQUIREMENTS = "requirements.txt"
 PAYLOAD = "payload"
 OUTPUT = "output"
 BACKUP = "backup"
+HOSTS = "hosts"
+FILESYSTEM = "filesystem.json"
 INLINE = "inline"            # small payload files sent with the manifest: inline/<sha256>
 BUILD_PID = "build.pid"
 ENV_BUILD = "env-build"
@@ -63,3 +72,8 @@ def task_file(rundir, task, kind):
 
 def in_run(rundir, name):
     return "%s/%s" % (rundir, name)
+
+
+def member_file(rundir, host):
+    """hosts/<host>.json: the inventory host `host` uses this run directory."""
+    return "%s/%s/%s.json" % (rundir, HOSTS, host)

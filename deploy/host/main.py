@@ -8,8 +8,9 @@ Each verb prints one JSON document on stdout (follow and setup: a stream of JSON
     follow RUNDIR TASK:OFFSET...        the same as a stream, one line per change, until
                                         every task has ended; takes `stop GRACE` on stdin
     stop RUNDIR GRACE                   TERM every task's group (and setup's pip), KILL later
-    cleanup RUNDIR GRACE                stop, then delete the run directory
-    push|want|receive RUNDIR CACHE      the payload from the content cache (cache.py)
+    cleanup RUNDIR GRACE [HOST]         stop, then delete the run directory once no other host
+                                        sharing it (the same workdir) uses it
+    push|want|receive RUNDIR CACHE [HOST TASKS]   the payload from the content cache (cache.py)
     data-push|data-want|data-receive RUNDIR DATADIR CACHE   a data directory (data.py)
     envstatus|setup RUNDIR ENVDIR [wheelhouse]              inv setup's environment (env.py)
 """
@@ -25,6 +26,8 @@ def parse_offsets(requests):
 
 
 def main(argv):
+    # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
+    os.umask(0o077)
     verb, args = argv[0], argv[1:]
     rest = args[args.index("--") + 1:] if "--" in args else []
     if verb == "launch":
@@ -43,7 +46,7 @@ def main(argv):
     elif verb == "stop":
         out = teardown.stop(args[0], float(args[1]))
     elif verb == "cleanup":
-        out = teardown.cleanup(args[0], float(args[1]))
+        out = teardown.cleanup(args[0], float(args[1]), *args[2:3])
     elif verb in ("push", "want", "receive"):
         out = cache.main(verb, args)
     elif verb in ("data-push", "data-want", "data-receive"):

@@ -1,12 +1,14 @@
 """Ending a run's processes on a host: TERM to every task's process group, KILL after the
 grace period, and a check against the run id that nothing of the run is left; `cleanup` then
-deletes the run directory, and only a directory that is provably the run's own.
+deletes the run directory, and only a directory that is provably the run's own, once the last
+host sharing it (hosts with one workdir, share.py) is done with it.
 """
 import os
 import shutil
 import signal
 import time
 
+from deploy.host import share
 from deploy.host.layout import BUILD_PID, RUNS, TASK_PREFIX, in_run, task_file
 from deploy.host.rundir import read_json, run_id_of
 
@@ -115,14 +117,23 @@ def stop(rundir, grace):
     return {"signalled": signalled, "survivors": survivors}
 
 
-def cleanup(rundir, grace):
+def cleanup(rundir, grace, host=None):
+    """Stop the run's processes here; delete the directory when `host` (the inventory host this
+    is) was the last one using it."""
     run_id = run_id_of(rundir)
     real = os.path.realpath(rundir)
     # Delete only a directory that is provably this run's own: <workdir>/runs/<run-id>.
     if os.path.basename(real) != run_id or os.path.basename(os.path.dirname(real)) != RUNS:
         raise SystemExit("refusing to delete %s: not a run directory of run %s" % (real, run_id))
     result = stop(rundir, grace)
-    if not result["survivors"]:
-        shutil.rmtree(real)
+    if result["survivors"]:
+        return result
+    if share.leave(real, host):
+        # Two last hosts may race here: whichever deletes first, the directory is gone.
+        shutil.rmtree(real, ignore_errors=True)
+        if os.path.exists(real):
+            shutil.rmtree(real)      # what is left: the error says why
         result["removed"] = real
+    else:
+        result["kept"] = "other hosts sharing the workdir still use it"
     return result

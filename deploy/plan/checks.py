@@ -99,7 +99,9 @@ def judge_probe(check: HostCheck, answer: dict) -> None:
     if answer.get("data_problem"):
         check.problems.append(f"{label}: field 'data': remote path {host.data.path} "
                               f"{answer['data_problem']} on the host")
-    if not answer.get("writable", True):
+    if answer.get("workdir_problem"):
+        check.problems.append(f"{label}: {answer['workdir_problem']}")
+    elif not answer.get("writable", True):
         check.problems.append(f"{label}: cannot create the workdir {host.workdir}: "
                               f"{answer['disk_path']} is not writable")
     if answer.get("disk_free", MIN_DISK_FREE) < MIN_DISK_FREE:

@@ -5,11 +5,13 @@ the tests compare it with golden files.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Mapping
 
 from deploy.host import layout
+from deploy.host.check import unsafe_workdir
 from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import EnvValue, Host, Inventory
@@ -17,21 +19,31 @@ from deploy.plan.command import Command, HostPath, Shell
 from deploy.plan.ports import ports_to_probe
 
 # A push, run by the host's python as `-c` before the host package is there: read the stage
-# (a line with its length, then the tar.gz) unbuffered, unpack it into the run dir, and become
-# the host package's push verb (`push` for the payload, `data-push` for data), which answers
+# (a line with its length, then the tar.gz) unbuffered, refuse an unsafe workdir before writing
+# anything (check.py's unsafe_workdir, its source included), unpack the stage into the run dir
+# (umask 077: private; each file written beside and renamed into place, since hosts sharing the
+# workdir unpack the same files at once and one may be running the host package already), and
+# become the host package's push verb (`push` for the payload, `data-push` for data), which
+# answers
 # what the cache lacks and then reads exactly that on the same stdin. Nothing beyond the stage
 # is on stdin before that answer, so nothing read ahead is lost by the exec. One command per
 # push: every command costs the host a login shell. `-S`: a push needs the standard library
 # only, and site-packages can take longer to set up than the push of an unchanged payload.
-PUSH_BOOTSTRAP = """\
-import io,os,sys,tarfile
-d=sys.argv[2];i=sys.stdin.buffer.raw;n=int(i.readline());s=bytearray()
+PUSH_BOOTSTRAP = inspect.getsource(unsafe_workdir) + """\
+import io,os,pwd,stat,sys,tarfile
+os.umask(0o77);d=sys.argv[2];i=sys.stdin.buffer.raw;n=int(i.readline());s=bytearray()
 while len(s)<n:
  c=i.read(n-len(s))
  if not c:raise SystemExit("stage cut short")
  s+=c
-os.makedirs(d,exist_ok=True)
-tarfile.open(fileobj=io.BytesIO(s),mode="r:gz").extractall(d,**({"filter":"data"} if hasattr(tarfile,"data_filter") else {}))
+u=unsafe_workdir(os.path.dirname(os.path.dirname(d)))
+if u:raise SystemExit(u)
+t=tarfile.open(fileobj=io.BytesIO(s),mode="r:gz")
+for m in t.getmembers():
+ if not m.isfile() or m.name.startswith("/") or ".." in m.name.split("/"):raise SystemExit("bad stage entry %%r"%%m.name)
+ f=os.path.join(d,m.name);x="%%s.%%s"%%(f,os.urandom(6).hex());os.makedirs(os.path.dirname(f),exist_ok=True)
+ with open(x,"wb") as o:o.write(t.extractfile(m).read())
+ os.replace(x,f)
 p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % layout.HOST_ZIP
 
 
@@ -168,9 +180,10 @@ def stop_command(host: Host, rundir: str, grace: float) -> Command:
 
 
 def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
-    """Stop and delete the run; a host that never got the run (its push failed) has nothing
-    to clean and answers so, instead of failing."""
-    cleanup = host_agent(host, rundir, "cleanup", f"{grace:g}")
+    """Stop, and delete the run directory once no other host sharing it (one workdir on an NFS
+    home) still uses it; a host that never got the run (its push failed) has nothing to clean
+    and answers so, instead of failing."""
+    cleanup = host_agent(host, rundir, "cleanup", f"{grace:g}", host.name)
     nothing = json.dumps({"survivors": [], "absent": True})
     return Command((Shell("if [ -f"), HostPath(in_run(rundir, layout.HOST_ZIP)), Shell("]; then"),
                     *cleanup.argv, Shell("; else"), "printf", "%s\\n", nothing, Shell("; fi")))
@@ -199,10 +212,13 @@ def replace_backup_command(rundir: str) -> Command:
                     "tar", "-xzf", "-", "-C", backup), stdin="tar.gz of the chief's backup")
 
 
-def push_command(host: Host, verb: str, rundir: str, *paths: str, stdin: str) -> Command:
-    """PUSH_BOOTSTRAP unpacking the stage into `rundir`, then the host package's `verb`."""
+def push_command(host: Host, verb: str, rundir: str, *paths: str, stdin: str,
+                 member: tuple[str, str] = ()) -> Command:
+    """PUSH_BOOTSTRAP unpacking the stage into `rundir`, then the host package's `verb`.
+    `member`: the host's name and its tasks ("0,1"), recorded in the run directory (which
+    hosts sharing a workdir also share)."""
     return Command((HostPath(host.python), "-I", "-S", "-c", PUSH_BOOTSTRAP, verb,
-                    HostPath(rundir), *map(HostPath, paths)), stdin=stdin)
+                    HostPath(rundir), *map(HostPath, paths), *member), stdin=stdin)
 
 
 def data_commands(host: Host, rundir: str) -> dict:
@@ -284,7 +300,8 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
             push=push_command(
-                host, "push", rundir, cache_dir(host),
+                host, "push", rundir, cache_dir(host), member=(host.name, ",".join(
+                    str(t.index) for t in tasks)),
                 stdin="tar.gz of run.json, the host package and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
             ports=Command((HostPath(host.python), "-I", "-", "ports",

@@ -232,5 +232,5 @@ class SharedStreams:
 def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
-    info.mode = 0o644
+    info.mode = 0o600        # the user's alone, also where a tar as root keeps modes (setup)
     tar.addfile(info, io.BytesIO(data))

@@ -62,13 +62,20 @@ class PayloadPush:
     def changed(self, answers: dict[str, dict]) -> str:
         """`payload: 3 of 1000 files changed (12.0 KiB) → 4 of 4 host(s)`: the contents some
         host lacked (whether they rode along with the manifest or travel next)."""
-        lacking = {name: {*a["missing"], *a["received"]} for name, a in answers.items()}
+        # Hosts that share a workdir are one receiver: the first of them (whichever of them
+        # took the files that rode along).
+        followers = [name for name, a in answers.items() if a.get("shared_with")]
+        lacking: dict[str, set[str]] = {}
+        for name, a in answers.items():
+            lacking.setdefault(a.get("shared_with") or name, set()).update(
+                a["missing"], a["received"])
         union = set().union(*lacking.values()) if lacking else set()
         changed = [f for f in self.files if f.sha256 in union]
         size = sum({f.sha256: f.size for f in changed}.values())
         receivers = sum(1 for hashes in lacking.values() if hashes)
+        shared = f"; {len(followers)} host(s) share a workdir with another" if followers else ""
         return (f"payload: {len(changed)} of {len(self.files)} file(s) changed "
-                f"({size_text(size)}) → {receivers} of {len(answers)} host(s)")
+                f"({size_text(size)}) → {receivers} of {len(answers)} host(s){shared}")
 
     def send(self, session: Session, plan: RunPlan, console: Console) -> dict:
         """Push to every host in parallel; returns a record of what each host was sent."""

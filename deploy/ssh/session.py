@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -56,6 +57,19 @@ def agent_json(result: CommandResult, host: Host, step: str) -> dict:
     return doc
 
 
+def sharing(filesystems: Mapping[str, str | None]) -> dict[str, str]:
+    """Hosts whose push answers name one filesystem (a workdir they share, deploy/host/share.py):
+    follower name -> the first such host (in the given order), which alone is sent files."""
+    first: dict[str, str] = {}
+    followers = {}
+    for name, fs in filesystems.items():
+        if fs:
+            leader = first.setdefault(fs, name)
+            if leader != name:
+                followers[name] = leader
+    return followers
+
+
 class Session:
     def __init__(self, transports: Mapping[str, Transport]):
         self.transports = dict(transports)
@@ -93,8 +107,13 @@ class Session:
         file contents the host's cache still lacks; then, on the same stdin, exactly those
         travel and the host assembles the directory (a host that lacks nothing has done so, or
         had it, at its answer). `what` ("payload", "data") names the steps in errors. Returns
-        each host's record: missing hashes, received (both steps), files."""
+        each host's record: missing hashes, received (both steps), files.
+
+        Hosts that share a workdir are sent the files once: the others wait for that push to
+        end, then get an empty stream and find payload/ (or the cached files) there."""
         exchanges: dict[str, Exchange] = {}
+        done = {hp.host.name: threading.Event() for hp in plans}
+        filesystems: dict[str, str | None] = {}
 
         def ask(hp: HostPlan, t: Transport) -> dict:
             exchanges[hp.host.name] = exchange = t.exchange(command(hp).line, timeout=120)
@@ -102,20 +121,37 @@ class Session:
             line = exchange.readline()
             if not line:                     # it ended without an answer: say why
                 checked(exchange.finish(), hp.host, f"{what} push")
-            return agent_json(CommandResult(0, line, b""), hp.host, f"{what} push")
+            answer = agent_json(CommandResult(0, line, b""), hp.host, f"{what} push")
+            filesystems[hp.host.name] = answer.pop("filesystem", None)
+            return answer
 
         def send(hp: HostPlan, t: Transport) -> dict:
+            try:
+                return send_files(hp)
+            finally:
+                done[hp.host.name].set()
+
+        def send_files(hp: HostPlan) -> dict:
             want, exchange = wants[hp.host.name], exchanges[hp.host.name]
             if want.get("assembled") or want.get("present"):
                 checked(exchange.finish(), hp.host, f"{what} push")
                 return want
             exchange.settimeout(1800)
+            leader = want.get("shared_with")
+            if leader:
+                done[leader].wait()
+                exchange.send(content(hp, frozenset()))
+                answer = agent_json(exchange.finish(), hp.host, f"sending {what} files")
+                return {**answer, "missing": [], "received": [], "shared_with": leader}
             exchange.send(content(hp, frozenset(want["missing"])))
             answer = agent_json(exchange.finish(), hp.host, f"sending {what} files")
             return {**answer, "missing": want["missing"],
                     "received": want["received"] + answer["received"]}
         try:
             wants = self._all(f"pushing the {what}", plans, ask)
+            for follower, leader in sharing({hp.host.name: filesystems.get(hp.host.name)
+                                             for hp in plans}).items():
+                wants[follower]["shared_with"] = leader
             on_answers(wants)
             return self._all(f"sending {what} files", plans, send)
         finally:

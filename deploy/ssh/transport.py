@@ -41,6 +41,10 @@ class CommandResult:
         return text.splitlines()[-1] if text else f"exit code {self.code}"
 
 
+# Every command runs with umask 077: whatever it creates on the host (run directories, logs,
+# the cache, a task's files) is private to the user, also on a home shared with others.
+PRIVATE = "umask 077; "
+
 class TransportError(Failure):
     """The host could not be reached or the command could not be run at all."""
 
@@ -85,7 +89,7 @@ class LineStream(Protocol):
 class LocalStream:
     def __init__(self, line: str):
         # Its own session, so that closing it ends exactly this command and its children.
-        self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdout=subprocess.PIPE,
                                      stdin=subprocess.PIPE, start_new_session=True,
                                      cwd=os.path.expanduser("~"))
 
@@ -123,7 +127,7 @@ def _end(proc: subprocess.Popen) -> None:
 class LocalExchange:
     def __init__(self, line: str, label: str):
         self.label = label
-        self.proc = subprocess.Popen(["/bin/sh", "-c", line], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, cwd=os.path.expanduser("~"))
         self.timeout: float | None = None
@@ -238,7 +242,7 @@ class LocalTransport:
 
     def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
         try:
-            done = subprocess.run(["/bin/sh", "-c", line], input=b"".join(pieces(stdin)),
+            done = subprocess.run(["/bin/sh", "-c", PRIVATE + line], input=b"".join(pieces(stdin)),
                                   capture_output=True,
                                   timeout=timeout, cwd=os.path.expanduser("~"))
         except subprocess.TimeoutExpired:
@@ -286,7 +290,7 @@ class SshTransport:
     def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
         channel = self._channel()
         try:
-            channel.exec_command(line)
+            channel.exec_command(PRIVATE + line)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             channel.close()
             raise TransportError(f"{self.host.label}: SSH connection lost: {exc}") from None
@@ -294,7 +298,7 @@ class SshTransport:
 
     def stream(self, line: str) -> LineStream:
         channel = self._channel()
-        channel.exec_command(line)
+        channel.exec_command(PRIVATE + line)
         # stdin stays open: the follower takes commands on it (a fast stop).
         return SshStream(channel, self.host.label)
 

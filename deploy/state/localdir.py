@@ -10,6 +10,8 @@
     artifacts/           the chief's TFDEPLOY_OUTPUT_DIR, fetched at the end
     tensorboard          -> artifacts/tensorboard: the chief's TensorBoard logs, where the
                          payload writes them (TFDEPLOY_OUTPUT_DIR/tensorboard)
+
+All of it private to the user (private_umask).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def link_tensorboard(local_dir: Path) -> Path | None:
     if not link.is_symlink() and not link.exists():
         link.symlink_to(Path(ARTIFACTS) / TENSORBOARD, target_is_directory=True)
     return link
+
+
 def check_runs_dir(runs_dir: Path) -> None:
     """BadInput unless `runs_dir` is a directory this process can write into, or one it can
     create: checked before anything runs, so that a run never starts without its records."""
@@ -63,3 +67,9 @@ def check_runs_dir(runs_dir: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise BadInput(f"runs directory {runs_dir} cannot be created: {existing} is not "
                        "writable")
+
+
+def private_umask() -> None:
+    """Everything the controller writes (records, logs, artifacts) is the user's alone, as on
+    the hosts: umask 077 for this process."""
+    os.umask(0o077)

@@ -240,11 +240,12 @@ def test_commands_name_the_run_dir_and_agent():
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
     # One command per host: the bootstrap unpacks the stage, the host package answers and
     # receives.
+    # It names the host and its tasks, recorded in the run dir (which hosts may share).
     assert b.push.line == (f"~/venv/bin/python -I -S -c {shlex.quote(PUSH_BOOTSTRAP)} push "
-                           f"{b.run_dir} /scratch/tf/cache")
+                           f"{b.run_dir} /scratch/tf/cache b 2")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
-    assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache")
+    assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache a 0,1")
     # The port probe is deploy/host/check.py on stdin, as `inv check` asks it.
     assert b.ports.line == "~/venv/bin/python -I - ports 5"
     agent = f"~/venv/bin/python -I {b.run_dir}/tfdeploy-host.zip"

@@ -1,0 +1,168 @@
+"""Host side of `inv prune`: free what no run needs any more, inside the workdir's own layout.
+
+    prune WORKDIR HOST AGE [dry]    keep (JSON on stdin): {"files": [sha256...], "envs": [key...],
+                               "runs": [run id...]}, what the controller knows is needed (the
+                               current payload, its environment, the runs it has records of)
+
+A run directory is deleted when it is not kept, holds no live process here, none of its tasks
+may still run on another host sharing the workdir (a task without an exit file that is not
+this host's), and nothing in it changed for AGE seconds. A cached file goes when no kept run's
+manifest names it, the controller does not keep it, and nothing else links it (a data tree or
+a payload: deleting it would free nothing). An environment goes unless the controller keeps it.
+
+Only names of the layout are touched (run ids with their run.json, sha256 file names,
+environment keys); symbolic links are never followed. The answer says per kind what went (or
+would go, with `dry`): counts and bytes.
+"""
+import collections
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+from deploy.host.cache import HEX64
+from deploy.host.check import unsafe_workdir
+from deploy.host.layout import (
+    BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUNS, TASK_PREFIX
+)
+from deploy.host.rundir import read_json
+from deploy.host.share import member_tasks
+from deploy.host.teardown import group_members
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+ENV_KEY = re.compile(r"^[0-9a-f]{16,64}$")
+
+
+def tree_bytes(path):
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def inode_links(path):
+    """(device, inode) of every file under `path`, with the number of its names there."""
+    found = collections.Counter()
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            found[(st.st_dev, st.st_ino)] += 1
+    return found
+
+
+def newest_change(path):
+    """The latest mtime of the directory and anything in it."""
+    newest = os.lstat(path).st_mtime
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
+            except OSError:
+                pass
+    return newest
+
+
+def maybe_live(rundir, run_id, host):
+    """Whether a process of the run may still be running: here (checked in /proc), or on
+    another host sharing the workdir (a task of another host that has not recorded its exit:
+    that host alone can tell)."""
+    mine = member_tasks(rundir, host) or []
+    for name in os.listdir(rundir):
+        if name != BUILD_PID and not (name.startswith(TASK_PREFIX) and name.endswith(".pid")):
+            continue
+        info = read_json(os.path.join(rundir, name))
+        if info and group_members(info["pgid"], run_id):
+            return True
+        if name != BUILD_PID:
+            task = name[len(TASK_PREFIX):-len(".pid")]
+            ended = os.path.exists(os.path.join(rundir, "%s%s.exit" % (TASK_PREFIX, task)))
+            if not ended and task.isdigit() and int(task) not in mine:
+                return True
+    return False
+
+
+def run_dirs(workdir):
+    """(run id, path) of the directories under runs/ that are provably run directories."""
+    runs = os.path.join(workdir, RUNS)
+    if not os.path.isdir(runs) or os.path.islink(runs):
+        return []
+    found = []
+    for name in sorted(os.listdir(runs)):
+        path = os.path.join(runs, name)
+        if (RUN_ID.match(name) and not os.path.islink(path) and os.path.isdir(path)
+                and (read_json(os.path.join(path, RUN_FILE)) or {}).get("run_id") == name):
+            found.append((name, path))
+    return found
+
+
+def needed_files(rundir):
+    needed = set()
+    for name in (MANIFEST, DATA_MANIFEST):
+        doc = read_json(os.path.join(rundir, name)) or {}
+        needed.update(entry[1] for entry in doc.get("files", []))
+    return needed
+
+
+def prune(workdir, host, keep, age, dry, now=None):
+    workdir = os.path.expanduser(workdir)
+    problem = unsafe_workdir(workdir)
+    if problem:
+        raise SystemExit(problem)
+    now = time.time() if now is None else now
+    freed = {"runs": [0, 0], "files": [0, 0], "envs": [0, 0]}
+    needed = set(keep.get("files", []))
+    links = collections.Counter()
+    for run_id, path in run_dirs(workdir):
+        if (run_id in keep.get("runs", []) or maybe_live(path, run_id, host)
+                or now - newest_change(path) < age):
+            needed |= needed_files(path)
+            continue
+        freed["runs"][0] += 1
+        freed["runs"][1] += tree_bytes(path)
+        if dry:
+            links.update(inode_links(path))    # a dry run counts them as deleted too
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    files = os.path.join(workdir, CACHE, "files")
+    for name in sorted(os.listdir(files)) if os.path.isdir(files) else []:
+        path = os.path.join(files, name)
+        st = os.lstat(path)
+        if (not HEX64.match(name) or name in needed or not os.path.isfile(path)
+                or st.st_nlink - links[(st.st_dev, st.st_ino)] > 1):
+            continue
+        freed["files"][0] += 1
+        freed["files"][1] += st.st_size
+        if not dry:
+            for gone in (path, os.path.join(workdir, CACHE, "verified", name)):
+                try:
+                    os.unlink(gone)
+                except FileNotFoundError:
+                    pass
+    envs = os.path.join(workdir, ENVS)
+    for name in sorted(os.listdir(envs)) if os.path.isdir(envs) else []:
+        path = os.path.join(envs, name)
+        if not ENV_KEY.match(name) or name in keep.get("envs", []) or os.path.islink(path) \
+                or not os.path.isdir(path):
+            continue
+        freed["envs"][0] += 1
+        freed["envs"][1] += tree_bytes(path)
+        if not dry:
+            shutil.rmtree(path, ignore_errors=True)
+    return {kind: {"count": c, "bytes": b} for kind, (c, b) in freed.items()}
+
+
+def main(argv, stdin):
+    """`host`: the inventory host this is, whose tasks' exit is judged here."""
+    workdir, host, age = argv[0], argv[1], float(argv[2])
+    keep = json.load(stdin)
+    out = prune(workdir, host, keep, age, dry=argv[3:4] == ["dry"])
+    sys.stdout.write(json.dumps(out) + "\n")

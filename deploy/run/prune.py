@@ -1,0 +1,73 @@
+"""`inv prune`: free, on every host, the cached files, environments and finished run
+directories that no live run and not the current payload needs (deploy/host/prune.py decides
+on the host, where the processes and files are).
+
+Hosts are asked one after the other: hosts that share a workdir see one cache, and the first
+of them frees it (the others then find nothing more to free).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from deploy.console.view import say
+from deploy.errors import BadInput, TfdeployError
+from deploy.inventory.model import Inventory
+from deploy.plan.checks import size
+from deploy.plan.planner import framed
+from deploy.plan.prune import Keep, prune_command
+from deploy.push.bundle import file_entry, payload_files
+from deploy.push.hashcache import HashCache
+from deploy.push.hostzip import host_zip
+from deploy.run.setup import requirements_hash
+from deploy.ssh.session import agent_json
+from deploy.ssh.transport import connect
+from deploy.state.record import list_records
+
+KINDS = (("files", "cached file(s)"), ("envs", "environment(s)"), ("runs", "run director(ies)"))
+
+
+def keep_of(payload: Path | None, runs_dir: Path) -> Keep:
+    """The payload's contents and requirements, and every run a local record calls active."""
+    files, requirements, runs = set(), set(), set()
+    if payload is not None:
+        if not payload.is_dir():
+            raise BadInput(f"payload directory {payload} does not exist")
+        hashes = HashCache(runs_dir / "payload-hashes.json")
+        files = {file_entry(payload, rel, hashes).sha256 for rel in payload_files(payload)}
+        requirements.add(requirements_hash(payload))
+    for record in list_records(runs_dir):
+        if record.state.active:
+            runs.add(record.run_id)
+            requirements.add(record.options.requirements_sha256)
+    return Keep(frozenset(files), frozenset(runs), frozenset(requirements) - {None})
+
+
+def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than: float,
+          dry_run: bool, connect_timeout: float, accept_new_host_keys: bool,
+          console: Console) -> int:
+    keep = keep_of(payload, runs_dir)
+    stdin = framed(host_zip())
+    failed = 0
+    verb = "would free" if dry_run else "freed"
+    for host in inventory.hosts:
+        try:
+            transport = connect(host, connect_timeout, accept_new_host_keys)
+            try:
+                result = transport.run(prune_command(host, older_than, dry_run).line,
+                                       stdin=stdin + keep.document(host), timeout=600)
+            finally:
+                transport.close()
+            freed = agent_json(result, host, "prune")
+        except TfdeployError as exc:    # reported with its host; the others are still pruned
+            say(console, f"{host.name}: {exc}", "bold red")
+            failed += 1
+            continue
+        total = sum(freed[kind]["bytes"] for kind, _ in KINDS)
+        parts = ", ".join(f"{freed[kind]['count']} {label} ({size(freed[kind]['bytes'])})"
+                          for kind, label in KINDS)
+        console.print(f"{host.name}: {verb} {size(total)}: {parts}", highlight=False)
+    if dry_run:
+        say(console, "dry run: nothing was deleted", "yellow")
+    return 1 if failed else 0
