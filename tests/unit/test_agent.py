@@ -417,9 +417,13 @@ def test_a_follower_stops_the_tasks_when_asked_on_its_stdin(rundir, run_id):
     follower = subprocess.Popen([*hostpkg.command(rundir), "follow", str(rundir), "0:0"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        # Asked only once it has reported the running task: a stop read before its first
+        # look would leave nothing running to report.
+        first = follower.stdout.readline()
         follower.stdin.write("stop 5\n")
         follower.stdin.flush()
         out, _ = follower.communicate(timeout=30)
+        out = first + out
     finally:
         if follower.poll() is None:
             follower.kill()
