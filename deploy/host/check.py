@@ -241,6 +241,10 @@ def mesh(spec):
     counts["stop"] = True
     for s in listeners:
         s.close()
+    # A listener's thread may be serving a caller that came late: let it finish (it gives up
+    # within its connection's timeout) rather than end the process under it.
+    for t in threads:
+        t.join(3)
     return {"connects": [dict(r or {"error": "no answer"}, address=t[0], port=int(t[1]),
                               host=t[2]) for r, t in zip(results, spec["targets"])],
             "accepted": {str(p): counts[p] for p in listen},
@@ -258,6 +262,12 @@ def main(argv):
     else:
         raise SystemExit("unknown verb %r" % verb)
     sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    # Nothing is left to clean up once the answer is out. Ending here skips the interpreter's
+    # finalization, during which a daemon thread still inside a socket read (a mesh caller or
+    # listener that timed out its join) can abort the process with "Fatal Python error: ...
+    # <no Python frame>" after the answer was written.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,14 @@ class CommandResult:
     stderr: bytes
 
     def error_text(self) -> str:
+        """The line that says what went wrong: the last one (a traceback's exception), or the
+        headline of a crash of the interpreter itself, whose last line says nothing."""
         text = (self.stderr or self.stdout).decode("utf-8", "replace").strip()
-        return text.splitlines()[-1] if text else f"exit code {self.code}"
+        if not text:
+            return f"exit code {self.code}"
+        lines = text.splitlines()
+        fatal = [line for line in lines if line.startswith("Fatal Python error")]
+        return fatal[0] if fatal else lines[-1]
 
 
 # Every command runs with umask 077: whatever it creates on the host (run directories, logs,
