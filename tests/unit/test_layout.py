@@ -137,3 +137,10 @@ def test_the_sys_path_check_sees_each_way_of_editing_it():
 def test_few_modules_flat_in_deploy():
     flat = [p.name for p in DEPLOY.glob("*.py") if p.name != "__init__.py"]
     assert len(flat) <= MAX_FLAT_MODULES, flat
+
+
+def test_test_files_are_named_apart():
+    """pytest imports test files by their base name: two of one name cannot be collected in
+    one run."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
