@@ -27,7 +27,7 @@ def login_document(host: Host) -> dict:
         "connect_timeout": hop.connect_timeout,
         "jump": [f"{user_of(h)}@{h.hostname}:{h.port}" for h in host.via],
         "proxy_command": hop.proxy_command,
-        "cluster_address": host.tf_address,
+        "cluster_address": host.tf_address.text,
     }
 
 

@@ -27,7 +27,8 @@ def inv(*args: str) -> subprocess.CompletedProcess:
 def train(inventory: Path, payload: Path, runs: Path) -> tuple[subprocess.CompletedProcess, dict]:
     before = set(runs.iterdir()) if runs.exists() else set()   # run dirs (and the hash memory)
     done = inv("train", "--hosts", str(inventory), "--payload", str(payload),
-               "--runs-dir", str(runs), "--args", TINY)
+               "--runs-dir", str(runs), "--args", TINY,
+               "--verbose")   # the assertions count raw event lines, which only --verbose shows
     (run_dir,) = {p for p in runs.iterdir() if p.is_dir()} - before
     assert wait_until_gone(run_dir.name, timeout=5) == []
     return done, json.loads((run_dir / "push.json").read_text())
