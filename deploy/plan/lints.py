@@ -65,7 +65,7 @@ def endpoint_problems(inventory: Inventory) -> list[str]:
 def role_problems(inventory: Inventory) -> list[str]:
     """Clusters TensorFlow cannot run: one chief at most (a chief host with `workers: 2` is two
     chiefs), ps tasks only beside a chief that drives them, a chief or ps only with workers
-    to run the steps, one evaluator at most."""
+    to run the steps, one evaluator at most and only beside a chief (the run ends with it)."""
     def where(host, message: str) -> str:
         return f"{inventory.path}: host {host.name!r}: field 'role': {message}"
     hosts = inventory.hosts
@@ -86,6 +86,9 @@ def role_problems(inventory: Inventory) -> list[str]:
         host = (of["chief"] or of["ps"])[0]
         problems.append(where(host, f"a {host.role} needs worker tasks to run the training "
                               f"steps, and no host has role worker (the default)"))
+    if of["evaluator"] and not of["chief"]:
+        problems.append(where(of["evaluator"][0], "an evaluator evaluates a chief's checkpoints "
+                              "in parameter-server training: give one host role: chief"))
     if count["evaluator"] > 1:
         problems.append(where(of["evaluator"][-1], f"{count['evaluator']} evaluator tasks; a "
                               f"cluster has at most one evaluator (workers: 1)"))
