@@ -1,7 +1,10 @@
 """Multi-worker training payload for tfdeploy.
 
 Run by the launcher once per worker, with TF_CONFIG describing the cluster; run by hand
-without TF_CONFIG it trains alone. It trains a small classifier on synthetic data and
+without TF_CONFIG it trains alone. With --strategy ps (a cluster with chief, worker, ps and
+evaluator roles) the chief trains with ParameterServerStrategy and model.fit, the worker and
+ps tasks serve it, and the evaluator evaluates the chief's checkpoints as they appear in
+--checkpoint-dir (a directory the chief's and the evaluator's hosts both see). It trains a small classifier on synthetic data and
 reports progress as one JSON document per stdout line, which the launcher parses:
 
     {"event": "start", "task": 0, "workers": 2, "epochs": 3, "steps_per_epoch": 20, ...}
@@ -11,6 +14,7 @@ reports progress as one JSON document per stdout line, which the launcher parses
     {"event": "resumed", "task": 0, "epoch": 2}   (BackupAndRestore: 2 epochs were done)
     {"event": "saved", "task": 0, "path": "..."}
     {"event": "done", "task": 0}
+    {"event": "given", "task": 0, "tf_config": {...}, "task_type": "chief"}  (--strategy ps)
 
 Environment read:
     TF_CONFIG             cluster and this task's place in it (absent: train alone)
@@ -221,9 +225,12 @@ class JsonProgress(keras.callbacks.Callback):
         # Reading a value waits for the step to finish, so the line means "a step ran".
         # The value itself is not reported: under MultiWorkerMirroredStrategy, tf_keras
         # sums batch logs over the workers (N times the loss); epoch logs are right.
-        for value in (logs or {}).values():
-            float(value)
-            break
+        if hasattr(logs, "fetch"):
+            logs.fetch()     # ParameterServerStrategy: the logs are a RemoteValue
+        else:
+            for value in (logs or {}).values():
+                float(value)
+                break
         emit("first_step", self.task)
 
     def on_train_begin(self, logs=None):
@@ -306,6 +313,12 @@ def parse_args(argv):
     parser.add_argument("--num-classes", type=int, default=NUM_CLASSES,
                         help="labels of TFDEPLOY_DATA_DIR's data are 0..N-1 (default: %d)"
                         % NUM_CLASSES)
+    parser.add_argument("--strategy", choices=("multi-worker", "ps"), default="multi-worker",
+                        help="multi-worker: MultiWorkerMirroredStrategy (default); ps: "
+                        "ParameterServerStrategy, for a cluster with chief and ps roles")
+    parser.add_argument("--checkpoint-dir",
+                        help="--strategy ps: where the chief saves a checkpoint each epoch "
+                        "and the evaluator reads them (default: <output dir>/checkpoints)")
     parser.add_argument("--output-dir",
                         default=os.environ.get("TFDEPLOY_OUTPUT_DIR") or "./output",
                         help="default: $TFDEPLOY_OUTPUT_DIR, else ./output")
@@ -316,6 +329,9 @@ def main(argv=None, callbacks=()):
     """Train, save, report. `callbacks` are extra keras callbacks run after ours (tests use
     this, e.g. to kill a worker mid-run)."""
     args = parse_args(argv)
+    if args.strategy == "ps" and cluster_spec():
+        import ps
+        return ps.main(args, callbacks)
     task_type, index, workers, is_chief = task_info()
     # Printed before joining the cluster: creating the strategy blocks until every worker
     # has started, so "start" without "first_step" means "waiting for the others".

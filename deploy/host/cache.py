@@ -106,7 +106,7 @@ def want(rundir, cache, member=None):
     controller sends a workdir that hosts share only once."""
     answer = {}
     if member:
-        share.join(rundir, member[0], [int(t) for t in member[1].split(",") if t])
+        share.join(rundir, member[0], [t for t in member[1].split(",") if t])
         answer["filesystem"] = share.filesystem_id(os.path.dirname(cache))
     files = read_manifest(rundir)
     received = take_inline(rundir, cache, {d for _, d, _, _ in files})

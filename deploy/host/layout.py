@@ -9,7 +9,9 @@
         manifest.json               what payload/ must hold
         payload/                    the training program, assembled from the cache
         output/  backup/            TFDEPLOY_OUTPUT_DIR, TFDEPLOY_BACKUP_DIR of the tasks
-        worker-<i>.log .pid .exit   task i's output, supervisor and exit code
+        <type>-<i>.log .pid .exit   a task's output, supervisor and exit code: worker-0,
+                                    worker-1..., and chief-0, ps-0, evaluator-0 in a
+                                    parameter-server cluster
         build.pid                   the running step of `inv setup` (pip)
     <workdir>/cache/files/<sha256>  content cache of payload and data files (kept)
     <workdir>/data/<tree sha256>    a pushed data directory (kept)
@@ -42,7 +44,8 @@ BUILD_PID = "build.pid"
 ENV_BUILD = "env-build"
 ENV_REPLACED = "env-replaced"
 WHEELHOUSE = "wheelhouse"
-TASK_PREFIX = "worker-"
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+TASK_FILE_KINDS = ("log", "pid", "exit")
 
 
 def run_dir(workdir, run_id):
@@ -61,12 +64,39 @@ def env_dir(workdir, key):
     return "%s/%s/%s" % (workdir, ENVS, key)
 
 
+def task_key(task_type, index):
+    """The word that names a task to the host verbs (launch, poll, follow, the members of a
+    run directory): a worker's index, as it has always been, else `<type>-<index>`."""
+    return str(index) if task_type == "worker" else "%s-%d" % (task_type, index)
+
+
 def task_name(task):
-    return "%s%s" % (TASK_PREFIX, task)
+    """`<type>-<index>` of a task key: worker-0, chief-0, ps-1... The name people see."""
+    task = str(task)
+    return task if "-" in task else "worker-" + task
+
+
+def task_key_of(name):
+    """The task key a file stem (`worker-3`, `ps-0`) names, or None for another name."""
+    kind, _, index = name.rpartition("-")
+    if kind not in TASK_TYPES or not index.isdigit() or index != str(int(index)):
+        return None
+    return task_key(kind, int(index))
+
+
+def task_keys(filenames, kind):
+    """The keys of the tasks that have a `<kind>` file (log, pid, exit) among `filenames`."""
+    keys = []
+    for name in filenames:
+        stem, dot, ext = name.rpartition(".")
+        key = task_key_of(stem) if dot and ext == kind else None
+        if key is not None:
+            keys.append(key)
+    return sorted(keys, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
 
 
 def task_file(rundir, task, kind):
-    """worker-<task>.<kind>: kind is log, pid or exit."""
+    """<type>-<index>.<kind>: kind is log, pid or exit."""
     return "%s/%s.%s" % (rundir, task_name(task), kind)
 
 

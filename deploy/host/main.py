@@ -19,10 +19,20 @@ import os
 import sys
 
 from deploy.host import agent, cache, data, env, teardown
+from deploy.host.layout import task_key_of, task_name
+
+
+def task_arg(task):
+    """A task key as the controller sends it (layout.task_key), refused when it is none: it
+    becomes a file name in the run directory."""
+    if task_key_of(task_name(task)) != task:
+        raise SystemExit("not a task: %r" % task)
+    return task
 
 
 def parse_offsets(requests):
-    return {task: int(offset) for task, offset in (item.split(":") for item in requests)}
+    return {task_arg(task): int(offset)
+            for task, offset in (item.split(":") for item in requests)}
 
 
 def main(argv):
@@ -32,9 +42,9 @@ def main(argv):
     rest = args[args.index("--") + 1:] if "--" in args else []
     if verb == "launch":
         before = args[:args.index("--")] if "--" in args else args
-        out = agent.launch(args[0], args[1], args[2], rest, before[3] if len(before) > 3 else None)
+        out = agent.launch(args[0], task_arg(args[1]), args[2], rest, before[3] if len(before) > 3 else None)
     elif verb == "supervise":
-        agent.supervise(args[0], args[1], rest)
+        agent.supervise(args[0], task_arg(args[1]), rest)
         out = None
     elif verb == "poll":
         out = agent.poll(args[0], parse_offsets(args[1:]))

@@ -25,7 +25,7 @@ import time
 from deploy.host.cache import HEX64
 from deploy.host.check import unsafe_workdir
 from deploy.host.layout import (
-    BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUNS, TASK_PREFIX
+    BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUNS, task_file, task_keys
 )
 from deploy.host.rundir import read_json
 from deploy.host.share import member_tasks
@@ -75,17 +75,16 @@ def maybe_live(rundir, run_id, host):
     """Whether a process of the run may still be running: here (checked in /proc), or on
     another host sharing the workdir (a task of another host that has not recorded its exit:
     that host alone can tell)."""
-    mine = member_tasks(rundir, host) or []
-    for name in os.listdir(rundir):
-        if name != BUILD_PID and not (name.startswith(TASK_PREFIX) and name.endswith(".pid")):
-            continue
-        info = read_json(os.path.join(rundir, name))
+    mine = {str(t) for t in member_tasks(rundir, host) or []}
+    pid_files = [(None, os.path.join(rundir, BUILD_PID))] + [
+        (task, task_file(rundir, task, "pid")) for task in task_keys(os.listdir(rundir), "pid")]
+    for task, path in pid_files:
+        info = read_json(path)
         if info and group_members(info["pgid"], run_id):
             return True
-        if name != BUILD_PID:
-            task = name[len(TASK_PREFIX):-len(".pid")]
-            ended = os.path.exists(os.path.join(rundir, "%s%s.exit" % (TASK_PREFIX, task)))
-            if not ended and task.isdigit() and int(task) not in mine:
+        if task is not None:
+            ended = os.path.exists(task_file(rundir, task, "exit"))
+            if not ended and task not in mine:
                 return True
     return False
 

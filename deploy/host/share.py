@@ -44,10 +44,10 @@ def join(rundir, host, tasks):
 
 
 def member_tasks(rundir, host):
-    """The task indices of `host` in this run directory; None when no host joined it (a run
-    directory of `inv setup`, whose single user owns everything in it)."""
+    """The task keys (layout.task_key) of `host` in this run directory; None when no host
+    joined it (a run directory of `inv setup`, whose single user owns everything in it)."""
     doc = read_json(member_file(rundir, host)) if host else None
-    return None if doc is None else [int(t) for t in doc["tasks"]]
+    return None if doc is None else list(doc["tasks"])
 
 
 def leave(rundir, host):

@@ -9,7 +9,7 @@ import signal
 import time
 
 from deploy.host import share
-from deploy.host.layout import BUILD_PID, RUNS, TASK_PREFIX, in_run, task_file
+from deploy.host.layout import BUILD_PID, RUNS, in_run, task_file, task_keys
 from deploy.host.rundir import read_json, run_id_of
 
 
@@ -62,8 +62,8 @@ def group_members(pgid, run_id):
 
 
 def task_indices(rundir):
-    return sorted(int(n[len(TASK_PREFIX):-len(".pid")]) for n in os.listdir(rundir)
-                  if n.startswith(TASK_PREFIX) and n.endswith(".pid"))
+    """The keys of the tasks launched in `rundir` (layout.task_key): those with a pid file."""
+    return task_keys(os.listdir(rundir), "pid")
 
 
 def group_exists(pgid):

@@ -18,7 +18,7 @@ import yaml
 from deploy.inventory import openssh, sshconfig
 from deploy.inventory.address import Address
 from deploy.inventory.datasource import parse_data
-from deploy.inventory.model import EnvValue, Host, Inventory, InventoryError
+from deploy.inventory.model import ROLES, EnvValue, Host, Inventory, InventoryError
 from deploy.inventory.names import name_problem
 from deploy.inventory.sshconfig import Route, SshConfigError, SshConfigs
 
@@ -46,7 +46,7 @@ HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
     "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
     "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
-    "data": dict, "ssh_config": str, "jump": str,
+    "data": dict, "ssh_config": str, "jump": str, "role": str,
 }
 ADDRESS_FIELDS = ("address", "cluster_address")
 DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
@@ -228,6 +228,9 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     if workers > MAX_WORKERS_PER_HOST:
         raise fail("workers", f"must be at most {MAX_WORKERS_PER_HOST} tasks on one host, "
                               f"not {workers}")
+    role = raw.get("role", "worker")
+    if role not in ROLES:
+        raise fail("role", f"must be one of {', '.join(ROLES)}, not {role!r}")
     gpus = _gpus(raw, fail)
     if isinstance(gpus, tuple):
         workers = len(gpus)
@@ -257,7 +260,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         host_key_policy=policy,
         python=raw.get("python") or (sys.executable if transport == "local" else "python3"),
         workdir=posixpath.normpath(workdir),
-        cluster_address=cluster_address, workers=workers, env=env,
+        cluster_address=cluster_address, workers=workers, role=role, env=env,
         own_python="python" in raw, gpus=gpus, data=data,
         ssh_config=raw.get("ssh_config", sshconfig.DEFAULT_FILE), jump=raw.get("jump"),
         target=target, via=route.via if route else (),

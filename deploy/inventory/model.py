@@ -7,10 +7,19 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from deploy.errors import BadInput
+from deploy.host.layout import TASK_TYPES
 from deploy.inventory import sshconfig
 from deploy.inventory.address import Address
 from deploy.inventory.datasource import DataSource
 from deploy.inventory.sshconfig import Hop
+
+
+# The task types of a TensorFlow cluster (TF_CONFIG's task types), as the inventory's `role:`.
+# A cluster with only workers is a MultiWorkerMirroredStrategy cluster, as it always was; a
+# chief, ps or evaluator makes it a parameter-server cluster (docs/design.md, "Roles").
+ROLES = TASK_TYPES
+# The types in TF_CONFIG's cluster dict, in the order written there: the evaluator is not in it.
+CLUSTER_ROLES = ("chief", "worker", "ps")
 
 
 class InventoryError(BadInput):
@@ -51,7 +60,8 @@ class Host:
     python: str = "python3"          # a local host defaults to the controller's own Python
     workdir: str = "~/.tfdeploy"
     cluster_address: str = ""        # as given, brackets taken off an IPv6 address
-    workers: int = 1
+    workers: int = 1                 # tasks on this host, each of its role
+    role: str = "worker"             # one of ROLES
     env: Mapping[str, EnvValue] = field(default_factory=dict)
     own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
     gpus: tuple[int, ...] | str | None = None   # one task per listed GPU, or "all" for one task
@@ -75,6 +85,11 @@ class Host:
         return Address.parse(self.cluster_address) if self.cluster_address else self.ssh.address
 
     @property
+    def cluster_tasks(self) -> int:
+        """Its tasks that are in the cluster dict and listen on a port: the evaluator is not."""
+        return 0 if self.role == "evaluator" else self.workers
+
+    @property
     def label(self) -> str:
         if self.transport == "local":
             return self.name
@@ -93,3 +108,8 @@ class Inventory:
     @property
     def task_count(self) -> int:
         return sum(h.workers for h in self.hosts)
+
+    @property
+    def has_roles(self) -> bool:
+        """Whether any host has a role other than worker: a parameter-server cluster."""
+        return any(h.role != "worker" for h in self.hosts)

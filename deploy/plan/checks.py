@@ -135,7 +135,7 @@ def assign_task_ports(checks: list[HostCheck]) -> str | None:
     """Give every task a port from its host's free ports, as a run does (ports.py); returns a
     problem or None."""
     try:
-        ports = choose_ports([(c.host, c.host.workers) for c in checks],
+        ports = choose_ports([(c.host, c.host.cluster_tasks) for c in checks],
                              {c.host.name: c.probe["ports"] for c in checks})
     except PortsUnavailable as exc:
         return str(exc)
@@ -146,8 +146,10 @@ def assign_task_ports(checks: list[HostCheck]) -> str | None:
 
 def mesh_pairs(checks: list[HostCheck]) -> list[tuple[HostCheck, HostCheck, int]]:
     """(from host, to host, port): every host dials every task but its own single one. A
-    host with several tasks dials them too, as its tasks will dial each other."""
-    return [(src, dst, port) for src in checks for dst in checks for port in dst.ports
+    host with several tasks dials them too, as its tasks will dial each other. An evaluator
+    host listens on nothing and dials nothing: it only reads the chief's checkpoints."""
+    return [(src, dst, port) for src in checks if src.host.cluster_tasks
+            for dst in checks for port in dst.ports
             if src is not dst or len(dst.ports) > 1]
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from deploy.errors import BadInput
 from deploy.inventory.model import Inventory
 
+MULTI_WORKER = re.compile(r"\bMultiWorkerMirroredStrategy\b")
+PARAMETER_SERVER = re.compile(r"\bParameterServerStrategy\b")
 KERAS3_IMPORT = re.compile(r"^\s*(import\s+keras\b|from\s+keras(\.|\s+import)\b)", re.MULTILINE)
 
 
@@ -60,6 +62,39 @@ def endpoint_problems(inventory: Inventory) -> list[str]:
     return problems
 
 
+def role_problems(inventory: Inventory) -> list[str]:
+    """Clusters TensorFlow cannot run: one chief at most (a chief host with `workers: 2` is two
+    chiefs), ps tasks only beside a chief that drives them, a chief or ps only with workers
+    to run the steps, one evaluator at most and only beside a chief (the run ends with it)."""
+    def where(host, message: str) -> str:
+        return f"{inventory.path}: host {host.name!r}: field 'role': {message}"
+    hosts = inventory.hosts
+    of = {role: [h for h in hosts if h.role == role] for role in ("chief", "worker", "ps",
+                                                                  "evaluator")}
+    count = {role: sum(h.workers for h in found) for role, found in of.items()}
+    problems = []
+    if count["chief"] > 1:
+        names = ", ".join(f"{h.name} ({h.workers})" if h.workers > 1 else h.name
+                          for h in of["chief"])
+        problems.append(where(of["chief"][-1], f"{count['chief']} chief tasks ({names}); a "
+                              f"cluster has one chief: give one host role chief with one task "
+                              f"(workers: 1)"))
+    if of["ps"] and not of["chief"]:
+        problems.append(where(of["ps"][0], "ps tasks need a chief to drive the training (its "
+                              "coordinator): give one host role: chief"))
+    if (of["chief"] or of["ps"]) and not of["worker"]:
+        host = (of["chief"] or of["ps"])[0]
+        problems.append(where(host, f"a {host.role} needs worker tasks to run the training "
+                              f"steps, and no host has role worker (the default)"))
+    if of["evaluator"] and not of["chief"]:
+        problems.append(where(of["evaluator"][0], "an evaluator evaluates a chief's checkpoints "
+                              "in parameter-server training: give one host role: chief"))
+    if count["evaluator"] > 1:
+        problems.append(where(of["evaluator"][-1], f"{count['evaluator']} evaluator tasks; a "
+                              f"cluster has at most one evaluator (workers: 1)"))
+    return problems
+
+
 def _machine(host) -> tuple:
     """The machine an SSH login reaches: its resolved address, behind the same gateways (an
     alias and its HostName are one machine; one private address behind two gateways is two)."""
@@ -87,9 +122,33 @@ def payload_problems(payload: Path, tasks: int) -> list[str]:
     return problems
 
 
+def strategy_problems(inventory: Inventory, payload: Path) -> list[str]:
+    """A cluster with ps tasks run by a payload that says it uses MultiWorkerMirroredStrategy
+    and never ParameterServerStrategy: its workers would wait for peers that never join.
+    Told from the text of the payload's Python files, where it can be told."""
+    ps = [h for h in inventory.hosts if h.role == "ps"]
+    if not ps or not payload.is_dir():
+        return []
+    multi, either = None, False
+    for path in sorted(payload.rglob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        either = either or bool(PARAMETER_SERVER.search(text))
+        match = MULTI_WORKER.search(text)
+        if match and multi is None:
+            multi = f"{path}:{text.count(chr(10), 0, match.start()) + 1}"
+    if multi is None or either:
+        return []
+    return [f"{inventory.path}: host {ps[0].name!r}: field 'role': ps tasks need a payload "
+            f"that trains with ParameterServerStrategy, but {multi} uses "
+            f"MultiWorkerMirroredStrategy (and no file of the payload names "
+            f"ParameterServerStrategy); remove the ps, chief and evaluator roles to train with "
+            f"it"]
+
+
 def lint(inventory: Inventory, payload: Path) -> list[str]:
-    return (cluster_problems(inventory) + zone_problems(inventory)
-            + endpoint_problems(inventory) + payload_problems(payload, inventory.task_count))
+    return (role_problems(inventory) + cluster_problems(inventory) + zone_problems(inventory)
+            + endpoint_problems(inventory) + payload_problems(payload, inventory.task_count)
+            + strategy_problems(inventory, payload))
 
 
 def public_warnings(inventory: Inventory) -> list[str]:

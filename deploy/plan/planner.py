@@ -14,7 +14,7 @@ from deploy.host import layout
 from deploy.host.check import unsafe_workdir
 from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
-from deploy.inventory.model import EnvValue, Host, Inventory
+from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
 from deploy.plan.command import Command, HostPath, Shell
 from deploy.plan.ports import ports_to_probe
 
@@ -73,23 +73,37 @@ class Options:
 
 @dataclass(frozen=True)
 class TaskPlan:
-    index: int
+    index: int                       # across the run, in inventory order: the internal key
     host: Host
     port: int | None
     tf_config: Mapping
     launch: Command                  # its env is the task's environment
     gpus: str | None = None          # "1": CUDA_VISIBLE_DEVICES=1; "all": every GPU; None
+    role: str = "worker"             # TF_CONFIG's task type
+    type_index: int = 0              # TF_CONFIG's task index: among the tasks of its type
 
     @property
     def env(self) -> Mapping[str, EnvValue]:
         return self.launch.env
 
     @property
+    def key(self) -> str:
+        """How the host verbs name the task (layout.task_key)."""
+        return layout.task_key(self.role, self.type_index)
+
+    @property
     def name(self) -> str:
-        return layout.task_name(self.index)
+        return layout.task_name(self.key)
+
+    @property
+    def in_cluster(self) -> bool:
+        """In the cluster dict, with a port: every task but the evaluator."""
+        return self.role in CLUSTER_ROLES
 
     @property
     def endpoint(self) -> str:
+        if not self.in_cluster:
+            return str(self.host.tf_address)
         return endpoint(self.host, self.port)
 
 
@@ -117,7 +131,17 @@ class RunPlan:
 
     @property
     def chief(self) -> TaskPlan:
-        return self.tasks[0]
+        """The chief task, or worker 0 in a cluster of workers only."""
+        return next((t for t in self.tasks if t.role == "chief"), self.tasks[0])
+
+    @property
+    def has_roles(self) -> bool:
+        """A parameter-server cluster: some task is not a worker."""
+        return any(t.role != "worker" for t in self.tasks)
+
+    def by_key(self, host: str) -> dict[str, TaskPlan]:
+        """The tasks of host `host` by their key: how the host's answers name them."""
+        return {t.key: t for hp in self.hosts if hp.host.name == host for t in hp.tasks}
 
     @property
     def chief_host(self) -> HostPlan:
@@ -162,16 +186,22 @@ def host_agent(host: Host, rundir: str, verb: str, *args: str,
     return Command(words + (("--", *tail) if tail else ()))
 
 
-def task_offsets(offsets: Mapping[int, int]) -> list[str]:
-    """`TASK:OFFSET` arguments: which tasks to report and how much of each log is read."""
-    return [f"{i}:{o}" for i, o in sorted(offsets.items())]
+def task_offsets(offsets: Mapping[str, int]) -> list[str]:
+    """`TASK:OFFSET` arguments: which tasks (by key) to report and how much of each log is
+    read."""
+    return [f"{k}:{o}" for k, o in offsets.items()]
 
 
-def poll_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> Command:
+def host_offsets(hp: "HostPlan", offsets: Mapping[int, int]) -> dict[str, int]:
+    """The offsets (by task index) of the host's tasks, by the keys the host knows them by."""
+    return {t.key: offsets[t.index] for t in hp.tasks}
+
+
+def poll_command(host: Host, rundir: str, offsets: Mapping[str, int]) -> Command:
     return host_agent(host, rundir, "poll", *task_offsets(offsets))
 
 
-def follow_command(host: Host, rundir: str, offsets: Mapping[int, int]) -> Command:
+def follow_command(host: Host, rundir: str, offsets: Mapping[str, int]) -> Command:
     return host_agent(host, rundir, "follow", *task_offsets(offsets))
 
 
@@ -236,8 +266,21 @@ def data_commands(host: Host, rundir: str) -> dict:
     }
 
 
-def tf_config(cluster: list[str], index: int) -> dict:
-    return {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+def tf_config(cluster: Mapping[str, list[str]], index: int, task_type: str) -> dict:
+    """TF_CONFIG: the cluster dict and this task's type and index. The evaluator gets the
+    cluster but is not in it."""
+    return {"cluster": dict(cluster), "task": {"type": task_type, "index": index}}
+
+
+def cluster_dict(slots: list[tuple[Host, str, int]], ports: Mapping[int, int]) -> dict:
+    """type -> endpoints, for the types present among `slots` (host, role, global index), in
+    TF_CONFIG's order (chief, worker, ps); the evaluator is never in it."""
+    spec: dict[str, list[str]] = {}
+    for role in CLUSTER_ROLES:
+        for host, slot_role, index in slots:
+            if slot_role == role:
+                spec.setdefault(role, []).append(endpoint(host, ports.get(index)))
+    return spec
 
 
 def task_gpus(host: Host, slot: int) -> str | None:
@@ -248,7 +291,11 @@ def task_gpus(host: Host, slot: int) -> str | None:
 
 
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
-             count: int, gpus: str | None = None, backup: bool = False) -> dict[str, EnvValue]:
+             count: int, gpus: str | None = None, backup: bool = False,
+             task_type: str | None = None) -> dict[str, EnvValue]:
+    """`index` is the task's index among its type (TF_CONFIG's), `count` the number of worker
+    tasks; `task_type` is given in a cluster with roles (TFDEPLOY_TASK_TYPE), and left out in
+    one of workers only, whose tasks' environment is what it always was."""
     env = {
         "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
         # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
@@ -256,6 +303,7 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         # Without it, epoch lines sit in a buffer and the live view lags or loses them.
         "PYTHONUNBUFFERED": EnvValue("1"),
         "TFDEPLOY_RUN_ID": EnvValue(run_id),
+        **({"TFDEPLOY_TASK_TYPE": EnvValue(task_type)} if task_type else {}),
         "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
         "TFDEPLOY_OUTPUT_DIR": EnvValue(in_run(rundir, layout.OUTPUT)),
@@ -278,8 +326,12 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
     """The whole run. `ports` (task index -> port) is chosen on the hosts at launch; without
     it the plan shows `<port>` where those numbers will go."""
     ports = ports or {}
-    slots = [host for host in inventory.hosts for _ in range(host.workers)]
-    cluster = [endpoint(h, ports.get(i)) for i, h in enumerate(slots)]
+    slots = [(host, host.role, i) for i, host in
+             enumerate(h for h in inventory.hosts for _ in range(h.workers))]
+    spec = cluster_dict(slots, ports)
+    roles = inventory.has_roles
+    workers = sum(1 for _, role, _ in slots if role == "worker")
+    seen: dict[str, int] = {}          # tasks of each type so far: the next one's index
     host_plans = []
     for host in inventory.hosts:
         rundir = run_dir(host, run_id)
@@ -287,21 +339,25 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
         tasks = []
         for slot in range(host.workers):
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
+            type_index = seen[host.role] = seen.get(host.role, -1) + 1
+            key = layout.task_key(host.role, type_index)
             gpus = task_gpus(host, slot)
-            config = tf_config(cluster, index)
-            agent = host_agent(host, rundir, "launch", str(index),
+            config = tf_config(spec, type_index, host.role)
+            agent = host_agent(host, rundir, "launch", key,
                                HostPath(in_run(rundir, layout.PAYLOAD)),
                                *([HostPath(envpy)] if envpy else []),
                                tail=(HostPath(host.python), options.entry, *options.args))
-            env = task_env(host, run_id, rundir, config, index, len(slots), gpus, options.backup)
+            env = task_env(host, run_id, rundir, config, type_index, workers, gpus,
+                           options.backup, host.role if roles else None)
             tasks.append(TaskPlan(
-                index=index, host=host, port=ports.get(index), tf_config=config,
-                launch=Command(agent.argv, env, stdin="environment as JSON"), gpus=gpus))
+                index=index, host=host, port=ports.get(index) if host.cluster_tasks else None,
+                tf_config=config, launch=Command(agent.argv, env, stdin="environment as JSON"),
+                gpus=gpus, role=host.role, type_index=type_index))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
             push=push_command(
                 host, "push", rundir, cache_dir(host), member=(host.name, ",".join(
-                    str(t.index) for t in tasks)),
+                    t.key for t in tasks)),
                 stdin="tar.gz of run.json, the host package and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
             ports=Command((HostPath(host.python), "-I", "-", "ports",

@@ -42,11 +42,13 @@ def choose_ports(demand: list[tuple[Host, int]],
 
 
 def task_ports(tasks: Iterable, chosen: Mapping[str, list[int]]) -> dict[int, int]:
-    """Each host's chosen ports given to its tasks (a plan's TaskPlans, in order): task index
-    -> port."""
+    """Each host's chosen ports given to its tasks in the cluster (a plan's TaskPlans, in
+    order; the evaluator listens on none): task index -> port."""
     given: dict[str, int] = {}
     ports = {}
     for task in tasks:
+        if not task.in_cluster:
+            continue
         slot = given[task.host.name] = given.get(task.host.name, -1) + 1
         ports[task.index] = chosen[task.host.name][slot]
     return ports

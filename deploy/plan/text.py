@@ -29,6 +29,7 @@ def plan_document(plan: RunPlan) -> dict:
             "ports": hp.ports.shown(),
             "tasks": [{
                 "task": t.name,
+                **({"role": t.role} if plan.has_roles else {}),
                 "endpoint": t.endpoint,
                 **({"gpus": t.gpus} if t.gpus else {}),
                 "tf_config": t.tf_config,
@@ -66,7 +67,13 @@ def plan_text(plan: RunPlan) -> str:
     tasks = plan.tasks
     lines = [f"run {plan.run_id}: {len(tasks)} task(s) on {len(plan.hosts)} host(s); "
              f"chief is {plan.chief.name} on {plan.chief.host.name}"]
-    if any(t.port is None for t in tasks):
+    if plan.has_roles:
+        counts = {}
+        for t in tasks:
+            counts[t.role] = counts.get(t.role, 0) + 1
+        lines.append("roles: " + ", ".join(f"{role} {n}" for role, n in counts.items())
+                     + "; the run ends when the chief ends")
+    if any(t.port is None and t.in_cluster for t in tasks):
         lines.append("ports: <port> is chosen on each host at launch (a free port per task)")
     lines.append("cluster: " + json.dumps(tasks[0].tf_config["cluster"], separators=(",", ":")))
     for hp in plan.hosts:
@@ -80,7 +87,10 @@ def plan_text(plan: RunPlan) -> str:
         lines += data_lines(hp)
         for t in hp.tasks:
             gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
-            lines.append(f"  {t.name} at {t.endpoint}{gpus}")
+            where = (f"at {t.endpoint}" if t.in_cluster
+                     else f"on {t.endpoint} (not in the cluster: no port)")
+            role = f" ({t.role})" if plan.has_roles else ""
+            lines.append(f"  {t.name}{role} {where}{gpus}")
             lines.append(f"    launch: {t.launch.shown()}")
             lines += [f"    env {key}={value}" for key, value in t.launch.shown_env().items()]
         lines.append(f"  end:    stop tasks (TERM, KILL after {plan.options.grace:g} s), "

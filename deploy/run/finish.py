@@ -13,7 +13,7 @@ from rich.console import Console
 from deploy.console.plot import plot_losses
 from deploy.console.view import say, summary_table
 from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
-from deploy.state import localdir
+from deploy.state import lifetime, localdir
 from deploy.state.progress import TaskProgress, losses_agree
 from deploy.state.record import RecordError, RunState, load_record, write_json
 
@@ -111,7 +111,7 @@ def _exit_code(run: Run, how: str, problems: list[str]) -> int:
         return 1 if problems else 0
     if problems or run.failure:
         return 1
-    return 0 if all(t.state == "exited" and t.code == 0 for t in run.tasks) else 1
+    return 0 if lifetime.succeeded(run.tasks, run.plan.has_roles) else 1
 
 
 def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str,
@@ -132,7 +132,8 @@ def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str,
         "artifact_files": artifacts,
         "teardown_problems": problems,
         "tasks": [{
-            "task": t.name, "host": t.host, "state": t.state, "exit_code": t.code,
+            "task": t.name, "role": t.role, "host": t.host, "state": t.state,
+            "exit_code": t.code, "relaunches": t.relaunches,
             "duration_s": None if t.duration is None else round(t.duration, 3),
             "epochs": t.epoch, "epochs_total": t.epochs_total, "final_loss": t.loss,
             "metrics": t.metrics, "losses": t.losses, "val_losses": t.val_losses,

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Mapping
 
-from deploy.plan.planner import HostPlan, RunPlan, follow_command
+from deploy.plan.planner import HostPlan, RunPlan, follow_command, host_offsets
 from deploy.ssh.transport import LineStream, Transport
 
 RESTARTS = 3
@@ -35,7 +35,7 @@ class Followers:
         self.closed = False
 
     def start(self, hp: HostPlan, offsets: Mapping[int, int]) -> None:
-        mine = {t.index: offsets[t.index] for t in hp.tasks}
+        mine = host_offsets(hp, offsets)
         thread = threading.Thread(target=self._read, args=(hp, mine), daemon=True,
                                   name=f"follow-{hp.host.name}")
         thread.start()

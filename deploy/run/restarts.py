@@ -1,9 +1,15 @@
-"""--restarts: when a task fails, stop the whole cluster and start it again, resuming.
+"""--restarts: when a task fails, stop the whole cluster and start it again, resuming; in a
+parameter-server cluster, start again only the worker that ended.
 
 TensorFlow cannot replace one worker of a running MultiWorkerMirroredStrategy cluster, so a
 restart is of every task: stop them all (their run directories stay), carry the chief's
 BackupAndRestore state to every other host (bare machines share no disk), choose fresh ports
 (the old ones may still be in TIME_WAIT or taken meanwhile) and launch every task again.
+
+A parameter-server cluster's coordinator (on the chief) waits for a lost worker to come back
+at its address and gives its steps to the others meanwhile: the worker is relaunched in place,
+on the same port, the rest untouched. Its chief or a ps failing ends the run (the variables,
+or the program driving them, are gone), so there the whole-cluster restart is not used.
 """
 from __future__ import annotations
 
@@ -30,6 +36,24 @@ class Restarter:
             say(run.console, "not restarting: the failed attempt could not be stopped "
                              "everywhere", "bold red")
             return False
+        return True
+
+    def relaunch_task(self, run, task, reason: str) -> bool:
+        """Start the ended worker `task` again in place (same host, port and TF_CONFIG), while
+        relaunches are left; False when none are."""
+        used = sum(t.relaunches for t in run.tasks)
+        if used >= self.limit:
+            say(run.console, f"no restarts left ({self.limit} allowed): {task.name} is not "
+                             "relaunched", "yellow")
+            return False
+        run.attempts.append({"attempt": task.relaunches + 1, "failed_task": task.name,
+                             "reason": reason, "ended": time.time(), "in_place": True})
+        task.relaunches += 1
+        task.new_attempt()
+        say(run.console, f"restart {used + 1} of {self.limit}: {task.name} ended ({reason}); "
+                         f"relaunching it in place on {task.host}", "yellow")
+        with run.console.status(f"starting {task.name} again…"):
+            run.session.launch(run.plan, attempt=task.relaunches + 1, only=task.index)
         return True
 
     def restart(self, run) -> None:

@@ -44,11 +44,12 @@ class Run:
                  console: Console, only_task: int | None = None, writes_logs: bool = True,
                  raw: bool = False):
         self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
-        self.tasks = [TaskProgress(t.index, t.host.name) for t in plan.tasks]
+        self.tasks = [TaskProgress(t.index, t.host.name, role=t.role, type_index=t.type_index)
+                      for t in plan.tasks]
         self.only_task = only_task          # `inv logs --task N`: print only its lines
         self.raw = raw                      # print every line as written (no filter)
         self.writes_logs = writes_logs      # False while another controller follows the run
-        self.logs = {t.index: open(localdir.task_log(local_dir, t.index), "ab")
+        self.logs = {t.index: open(localdir.task_log(local_dir, t.name), "ab")
                      for t in plan.tasks} if writes_logs else {}
         self.failure: tuple[TaskProgress, str] | None = None
         self.problems: list[str] = []       # what teardown could not do, by host
@@ -108,7 +109,7 @@ def load_local_logs(run: Run, shown: Callable[[TaskProgress, list[str]], None] |
     """Start from the local copies of the logs: their metrics count, and reading the hosts'
     logs goes on from where they end, so no byte is printed or stored twice."""
     for task in run.tasks:
-        path = localdir.task_log(run.dir, task.index)
+        path = localdir.task_log(run.dir, task.name)
         lines = task.replay(path.read_bytes() if path.exists() else b"")
         if shown:
             shown(task, lines)

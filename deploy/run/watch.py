@@ -1,6 +1,8 @@
-"""Following a run to its end: every task's log streamed live, the first failure stops the
-others, and a startup watchdog stops a run whose tasks never reach a first training step.
-With --restarts a failed attempt is relaunched (restarts.py) and followed again.
+"""Following a run to its end: every task's log streamed live, each task's end judged by its
+role (state/lifetime.py: the first failure stops the others; a parameter-server cluster ends
+with its chief), and a startup watchdog stops a run whose tasks never reach a first training
+step. With --restarts a failed attempt is relaunched (restarts.py) and followed again; in a
+parameter-server cluster only the worker that ended is relaunched, in place.
 """
 from __future__ import annotations
 
@@ -11,17 +13,24 @@ from deploy.run.follow import Event, Followers
 from deploy.run.run import Run, RunSettings, ignore_sigint
 from deploy.run.stopping import Stopper
 from deploy.ssh.session import StepFailed
+from deploy.state import lifetime
 from deploy.state.progress import TaskProgress
 
 
 class Watch:
-    def __init__(self, run: Run, start_timeout: float):
-        self.run, self.start_timeout = run, start_timeout
+    def __init__(self, run: Run, start_timeout: float, restarter=None):
+        self.run, self.start_timeout, self.restarter = run, start_timeout, restarter
         self.followers = Followers(run.plan, run.session.transports)
         self.stopper = Stopper(run, self.followers)
         self.by_index = {t.index: t for t in run.tasks}
         self.host_tasks = {hp.host.name: [self.by_index[t.index] for t in hp.tasks]
                            for hp in run.plan.hosts}
+        # The hosts' answers name tasks by key (layout.task_key).
+        self.by_key = {hp.host.name: {t.key: self.by_index[t.index] for t in hp.tasks}
+                       for hp in run.plan.hosts}
+        self.roles = run.plan.has_roles
+        self.ending = False          # the chief finished: the others are being stopped
+        self.quiet: set[str] = set()  # hosts whose follower ended with all their tasks
 
     def follow(self) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
@@ -54,7 +63,9 @@ class Watch:
     def handle(self, event: Event, view: LiveView) -> None:
         if event.kind == "doc":
             self.take(event, view)
-        elif not all(t.finished for t in self.host_tasks[event.host]):
+        elif all(t.finished for t in self.host_tasks[event.host]):
+            self.quiet.add(event.host)   # a relaunch there follows it again
+        else:
             # The stream broke (or ended early): follow again from where we are.
             if event.error:
                 say(self.run.console, f"following {event.host}: {event.error}", "yellow")
@@ -67,17 +78,58 @@ class Watch:
         if "stopped" in event.doc:
             self.stopper.answered(event.host, event.doc["stopped"])
             return
-        for index, doc in event.doc["tasks"].items():
-            task = self.by_index[int(index)]
+        tasks = self.by_key[event.host]
+        for key, doc in event.doc["tasks"].items():
+            task = tasks.get(key)
+            if task is None:
+                continue
+            finished = task.finished
             self.run.apply(task, doc, view)
-            if task.finished and task.failed and self.run.failure is None and view is not None:
-                self.fail(task)
+            if task.finished and not finished and view is not None:
+                self.ended(task)
 
-    def fail(self, task: TaskProgress) -> None:
-        reason = (f"exit code {task.code}" if task.state == "exited"
-                  else "its process group vanished without an exit code")
-        self.run.failure = (task, reason)
-        self.run.console.print(failure_panel(task, reason, self.run.raw))
+    def ended(self, task: TaskProgress) -> None:
+        """A task has ended (and its log is read): what that does to the run, by its role."""
+        run = self.run
+        if run.failure is not None or self.ending:
+            return       # the run is being stopped: its tasks end because of that
+        action = lifetime.on_end(task, self.roles)
+        if action == lifetime.FAIL:
+            self.fail(task, reason(task))
+        elif action == lifetime.SUCCEED:
+            self.ending = True
+            say(run.console, f"{task.name} finished: the run is done, stopping the other "
+                             f"tasks", "green")
+            self.stopper.stop()
+        elif action == lifetime.TOLERATE:
+            self.worker_ended(task)
+        elif action == lifetime.REPORT:
+            say(run.console, f"{task.name} ({task.host}) ended ({reason(task)}); the run goes "
+                             f"on without it", "yellow")
+
+    def worker_ended(self, task: TaskProgress) -> None:
+        """A worker of a ps cluster ended: relaunched in place while --restarts allows, else
+        training goes on with the others, as long as there are others."""
+        run = self.run
+        if task.failed:
+            run.console.print(failure_panel(task, reason(task), run.raw))
+        if self.restarter is not None and self.restarter.relaunch_task(run, task, reason(task)):
+            host = task.host
+            if host in self.quiet:
+                self.quiet.discard(host)
+                self.followers.start(next(hp for hp in run.plan.hosts if hp.host.name == host),
+                                     run.offsets())
+            return
+        if lifetime.no_worker_left(run.tasks):
+            self.fail(task, "no worker left to run the training steps", panel=False)
+            return
+        say(run.console, f"{task.name} ({task.host}) ended ({reason(task)}): the chief's "
+                         f"coordinator goes on with the other workers", "yellow")
+
+    def fail(self, task: TaskProgress, why: str, panel: bool = True) -> None:
+        self.run.failure = (task, why)
+        if panel:
+            self.run.console.print(failure_panel(task, why, self.run.raw))
         say(self.run.console, f"{task.name} failed: stopping the other tasks", "red")
         self.stopper.stop()
 
@@ -87,7 +139,8 @@ class Watch:
         run = self.run
         if not any(t.speaks_events for t in run.tasks):
             return
-        stuck = [t for t in run.tasks if not t.first_step and t.state not in ("exited", "lost")]
+        stuck = [t for t in run.tasks if lifetime.watched(t, self.roles) and not t.first_step
+                 and t.state not in ("exited", "lost")]
         if stuck and run.failure is None:
             names = ", ".join(f"{t.name} ({t.host})" for t in stuck)
             for task in stuck:
@@ -102,7 +155,19 @@ def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
     """Watch the run until every task has ended; on a failure, relaunch while `restarter`
     allows (--restarts)."""
     while True:
-        Watch(run, settings.start_timeout).follow()
-        if run.failure is None or restarter is None or not restarter.may_restart(run):
+        Watch(run, settings.start_timeout, restarter).follow()
+        if run.failure is None or restarter is None:
+            return
+        if run.plan.has_roles:
+            say(run.console, "not restarting the cluster: in a parameter-server cluster "
+                             "--restarts relaunches workers only", "red")
+            return
+        if not restarter.may_restart(run):
             return
         restarter.restart(run)
+
+
+def reason(task: TaskProgress) -> str:
+    """How a task ended, in words."""
+    return (f"exit code {task.code}" if task.state == "exited"
+            else "its process group vanished without an exit code")

@@ -18,7 +18,7 @@ from deploy.plan.checks import HOSTCHECK_SOURCE
 from deploy.plan.command import Command
 from deploy.plan.planner import (
     HostPlan, RunPlan, cleanup_command, fetch_backup_command, fetch_output_command, framed,
-    poll_command, replace_backup_command, stop_command
+    host_offsets, poll_command, replace_backup_command, stop_command
 )
 from deploy.plan.ports import choose_ports, task_ports
 from deploy.ssh.parallel import HostsFailed, on_all, on_each
@@ -164,29 +164,36 @@ class Session:
         answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
             t.run(hp.ports.line, stdin=HOSTCHECK_SOURCE.read_bytes(), timeout=60), hp.host,
             "port probe"))
-        chosen = choose_ports([(hp.host, len(hp.tasks)) for hp in plan.hosts],
+        chosen = choose_ports([(hp.host, hp.host.cluster_tasks) for hp in plan.hosts],
                               {name: answer["ports"] for name, answer in answers.items()})
         return task_ports(plan.tasks, chosen)
 
-    def launch(self, plan: RunPlan, attempt: int = 1) -> None:
+    def launch(self, plan: RunPlan, attempt: int = 1, only: int | None = None) -> None:
+        """Start every task (or the task of index `only`, relaunched in place)."""
         def start(hp: HostPlan, t: Transport) -> None:
             for task in hp.tasks:
+                if only is not None and task.index != only:
+                    continue
                 # The attempt (1, then 2... under --restarts) also tells the agent to set the
                 # previous attempt's files aside and mark the log.
                 env = task.launch.env_stdin(TFDEPLOY_ATTEMPT=str(attempt))
                 agent_json(t.run(task.launch.line, stdin=env, timeout=60),
                            hp.host, f"starting {task.name}")
-        self._all("starting tasks", plan.hosts, start)
+        hosts = [hp for hp in plan.hosts if only is None or any(t.index == only for t in hp.tasks)]
+        self._all("starting tasks", hosts, start)
 
     def poll(self, plan: RunPlan, offsets: Mapping[int, int]):
         """One answer per host: (answers by task index, errors by host name). Used for the
         last read of the logs after a stop; live following goes through follow.py."""
         def ask(hp: HostPlan, t: Transport) -> dict:
-            mine = {task.index: offsets[task.index] for task in hp.tasks}
+            mine = host_offsets(hp, offsets)
             return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine).line, timeout=30),
                               hp.host, "poll")["tasks"]
         results, errors = self._each(plan.hosts, ask)
-        answers = {int(i): doc for tasks in results.values() for i, doc in tasks.items()}
+        answers = {}
+        for host, tasks in results.items():
+            keys = plan.by_key(host)
+            answers.update({keys[k].index: doc for k, doc in tasks.items() if k in keys})
         return answers, errors
 
     def stop(self, plan: RunPlan) -> dict[str, str]:

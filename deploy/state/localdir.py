@@ -2,7 +2,8 @@
 
     record.json          the run record (record.py)
     .follow.lock         held by the one controller that writes the local logs
-    worker-<i>.log       task i's output, the same bytes as on its host
+    <type>-<i>.log       a task's output, the same bytes as on its host (worker-0.log,
+                         and chief-0.log, ps-0.log, evaluator-0.log with roles)
     plan.json            the plan as launched, secrets as ***
     push.json data.json  what each host was sent
     summary.json         how the run ended: exit codes, losses, teardown problems
@@ -19,7 +20,6 @@ import os
 from pathlib import Path
 
 from deploy.errors import BadInput
-from deploy.host.layout import task_name
 
 RECORD = "record.json"
 FOLLOW_LOCK = ".follow.lock"
@@ -32,8 +32,9 @@ LOSS_PLOT = "loss.png"
 TENSORBOARD = "tensorboard"
 
 
-def task_log(local_dir: Path, task: int) -> Path:
-    return local_dir / f"{task_name(task)}.log"
+def task_log(local_dir: Path, name: str) -> Path:
+    """The local log of the task named `name` (`worker-0`, `chief-0`: its TaskPlan's name)."""
+    return local_dir / f"{name}.log"
 
 
 def link_tensorboard(local_dir: Path) -> Path | None:

@@ -9,6 +9,8 @@ import base64
 import json
 from dataclasses import dataclass, field
 
+from deploy.host.layout import task_key, task_name
+
 FINAL_STATES = ("exited", "lost")
 
 
@@ -35,10 +37,14 @@ class TaskProgress:
     speaks_events: bool = False      # printed any {"event": ...} line
     partial: bytes = b""
     tail: list[str] = field(default_factory=list)
+    role: str = "worker"             # its task type
+    type_index: int | None = None    # its index among its type (None: its index, a worker)
+    relaunches: int = 0              # times it was relaunched in place (a ps cluster's worker)
 
     @property
     def name(self) -> str:
-        return f"worker-{self.index}"
+        return task_name(task_key(self.role, self.index if self.type_index is None
+                                  else self.type_index))
 
     @property
     def finished(self) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from deploy.errors import BadInput
 from deploy.inventory.datasource import DataSource
 from deploy.inventory.load import MAX_WORKERS_PER_HOST, workdir_problem
-from deploy.inventory.model import Host, Inventory
+from deploy.inventory.model import ROLES, Host, Inventory
 from deploy.inventory.sshconfig import Hop
 from deploy.plan.planner import Options, RunPlan, plan_run
 from deploy.state import localdir
@@ -41,7 +41,7 @@ MAX_RECORD_BYTES = 16 << 20
 # The connection fields of a host; `env` is deliberately not among them.
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
                "host_key_policy", "python", "workdir", "cluster_address", "workers",
-               "own_python", "gpus", "data", "ssh_config", "jump", "target", "via")
+               "own_python", "gpus", "data", "ssh_config", "jump", "target", "via", "role")
 # What new_run_id makes: a run id names directories here and on every host.
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -55,7 +55,7 @@ _HOST_TYPES = {
     "host_key_policy": (str,), "python": (str,), "workdir": (str,), "cluster_address": (str,),
     "workers": (int,), "own_python": (bool,), "gpus": (list, tuple, str, _OPTIONAL),
     "data": (dict, _OPTIONAL), "ssh_config": (str,), "jump": (str, _OPTIONAL),
-    "target": (dict, _OPTIONAL), "via": (list, tuple, _OPTIONAL),
+    "target": (dict, _OPTIONAL), "via": (list, tuple, _OPTIONAL), "role": (str,),
 }
 
 
@@ -84,6 +84,7 @@ class RecordedTask:
     host: str
     port: int | None
     endpoint: str
+    role: str = "worker"             # a record written before roles existed: a worker
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,8 @@ class RunRecord:
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             # A record edited out of shape in a way its reading could not see.
             raise RecordError(f"{where}: not a usable tfdeploy run record: {exc}") from None
-        recorded = [(t.index, t.endpoint) for t in self.tasks]
-        if [(t.index, t.endpoint) for t in plan.tasks] != recorded:
+        recorded = [(t.index, t.endpoint, t.role) for t in self.tasks]
+        if [(t.index, t.endpoint, t.role) for t in plan.tasks] != recorded:
             raise RecordError(f"{where}: its hosts and tasks do not match (edited by hand?)")
         return plan
 
@@ -309,7 +310,8 @@ class FollowLock:
 def _planned(plan: RunPlan) -> dict:
     return {"hosts": tuple(hp.host for hp in plan.hosts),
             "run_dirs": tuple(hp.run_dir for hp in plan.hosts),
-            "tasks": tuple(RecordedTask(t.index, t.name, t.host.name, t.port, t.endpoint)
+            "tasks": tuple(RecordedTask(t.index, t.name, t.host.name, t.port, t.endpoint,
+                                        t.role)
                            for t in plan.tasks)}
 
 
@@ -359,6 +361,8 @@ def _host(fields: dict) -> Host:
     workers, workdir = fields.get("workers", 1), fields.get("workdir", Host.workdir)
     if not 1 <= workers <= MAX_WORKERS_PER_HOST:
         raise ValueError(f"host field 'workers' cannot be {workers!r}")
+    if fields.get("role", "worker") not in ROLES:
+        raise ValueError(f"host field 'role' cannot be {fields['role']!r}")
     if workdir_problem(workdir):
         raise ValueError(f"host field 'workdir' {workdir_problem(workdir)}")
     gpus, target = fields.get("gpus"), fields.get("target")

@@ -81,3 +81,41 @@ def test_public_cluster_addresses_are_warned_about_in_both_families():
     assert "host 'a'" in a and "public IPv6 address" in a and "unauthenticated" in a
     assert "host 'b'" in b and "public IPv4 address" in b
     assert lint(inv, REPO / "payload") == []         # a warning, not a refusal
+
+
+PS_HOSTS = ("hosts:\n  - {name: c, address: 127.0.0.2, role: chief}\n"
+            "  - {name: w, address: 127.0.0.3, workers: 2}\n"
+            "  - {name: p, address: 127.0.0.4, role: ps}\n")
+
+
+@pytest.mark.parametrize("text, host, says", [
+    ("hosts:\n  - {name: c, address: 127.0.0.2, role: chief, workers: 2}\n"
+     "  - {name: w, address: 127.0.0.3}\n", "c", "2 chief tasks"),
+    ("hosts:\n  - {name: c, address: 127.0.0.2, role: chief}\n"
+     "  - {name: d, address: 127.0.0.4, role: chief}\n"
+     "  - {name: w, address: 127.0.0.3}\n", "d", "2 chief tasks"),
+    ("hosts:\n  - {name: p, address: 127.0.0.2, role: ps}\n"
+     "  - {name: w, address: 127.0.0.3}\n", "p", "need a chief"),
+    ("hosts:\n  - {name: c, address: 127.0.0.2, role: chief}\n"
+     "  - {name: p, address: 127.0.0.3, role: ps}\n", "c", "needs worker tasks"),
+    (PS_HOSTS + "  - {name: e, address: 127.0.0.5, role: evaluator, workers: 2}\n", "e",
+     "at most one evaluator"),
+    ("hosts:\n  - {name: w, address: 127.0.0.3}\n"
+     "  - {name: e, address: 127.0.0.5, role: evaluator}\n", "e", "give one host role: chief"),
+])
+def test_clusters_tensorflow_cannot_run_are_refused_naming_host_and_field(text, host, says):
+    (problem,) = lint(inventory(text), REPO / "payload")
+    assert problem.startswith(f"lab.yaml: host {host!r}: field 'role': ") and says in problem
+
+
+def test_a_ps_cluster_with_a_multi_worker_only_payload_is_refused(tmp_path):
+    (tmp_path / "main.py").write_text("strategy = tf.distribute.MultiWorkerMirroredStrategy()\n")
+    (problem,) = lint(inventory(PS_HOSTS), tmp_path)
+    assert "host 'p'" in problem and f"{tmp_path / 'main.py'}:1" in problem
+    assert lint(inventory(PS_HOSTS), REPO / "payload") == []   # it names both strategies
+
+
+def test_an_unknown_role_is_refused_at_load():
+    with pytest.raises(Exception) as info:
+        inventory("hosts:\n  - {name: a, address: 127.0.0.2, role: boss}\n")
+    assert "host 'a': field 'role': must be one of chief, worker, ps, evaluator" in str(info.value)

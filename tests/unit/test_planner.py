@@ -114,6 +114,18 @@ hosts:
     address: gpu-c.lab
     cluster_address: "[2001:db8::12]"
 """
+# A parameter-server cluster: chief, a host with two workers, ps, evaluator (no port).
+PS = """
+defaults:
+  ssh_config: none
+  user: researcher
+  python: ~/venv/bin/python
+hosts:
+  - {name: c, address: 10.1.2.3, role: chief}
+  - {name: w, address: 10.1.2.4, workers: 2}
+  - {name: p, address: 10.1.2.5, role: ps}
+  - {name: e, address: 10.1.2.6, role: evaluator}
+"""
 LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
@@ -123,7 +135,11 @@ CASES = {
     "data": (DATA, None, Options()),
     "jump": (JUMP, {0: 20000, 1: 20001}, Options()),
     "ipv6": (IPV6, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
+    "ps": (PS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options(args=("--strategy", "ps"))),
 }
+
+# Clusters of workers only (the ps case has its own test of the same properties, by role).
+WORKER_ONLY = sorted(name for name in CASES if name != "ps")
 
 
 def inventory_of(name):
@@ -172,7 +188,7 @@ def test_planning_is_pure_and_repeatable():
     assert plan_of("lab_ports") == plan_of("lab_ports")
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", WORKER_ONLY)
 def test_tasks_follow_the_inventory_and_worker_0_is_chief(name):
     plan = plan_of(name)
     inventory = inventory_of(name)
@@ -185,7 +201,7 @@ def test_tasks_follow_the_inventory_and_worker_0_is_chief(name):
     assert f"chief is worker-0 on {inventory.hosts[0].name}" in plan_text(plan)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", WORKER_ONLY)
 def test_every_tf_config_lists_the_whole_cluster_and_its_own_index(name):
     plan = plan_of(name)
     _, ports, _ = CASES[name]
@@ -215,7 +231,7 @@ def test_without_ports_the_plan_says_they_are_chosen_at_launch():
     assert "chosen on each host at launch" in plan_text(plan)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", WORKER_ONLY)
 def test_every_task_gets_the_launcher_environment(name):
     plan = plan_of(name)
     for hp in plan.hosts:
@@ -320,3 +336,25 @@ def test_a_task_per_listed_gpu_and_one_task_for_all():
     assert "  worker-3 at cpu-1.lab:20003" in text
     doc = plan_document(plan)
     assert [t.get("gpus") for h in doc["hosts"] for t in h["tasks"]] == ["1", "0", "all", None]
+
+
+def test_a_ps_cluster_gives_each_task_its_type_and_index_and_no_evaluator_in_the_cluster():
+    plan = plan_of("ps")
+    tasks = {t.name: t for t in plan.tasks}
+    assert list(tasks) == ["chief-0", "worker-0", "worker-1", "ps-0", "evaluator-0"]
+    cluster = {"chief": ["10.1.2.3:20000"], "worker": ["10.1.2.4:20001", "10.1.2.4:20002"],
+               "ps": ["10.1.2.5:20003"]}
+    for name, task in tasks.items():
+        kind, index = name.split("-")
+        assert task.tf_config == {"cluster": cluster, "task": {"type": kind, "index": int(index)}}
+        assert task.env["TFDEPLOY_TASK_TYPE"].value == kind
+        assert task.env["TFDEPLOY_TASK_INDEX"].value == index
+        assert task.env["TFDEPLOY_NUM_WORKERS"].value == "2"
+    assert tasks["evaluator-0"].port is None and not tasks["evaluator-0"].in_cluster
+    assert plan.chief is tasks["chief-0"] and plan.chief_host.host.name == "c"
+    # The host verbs name tasks by key; the log files by type and per-type index.
+    assert [t.key for t in plan.tasks] == ["chief-0", "0", "1", "ps-0", "evaluator-0"]
+
+
+def test_worker_only_plans_have_no_task_type_variable():
+    assert all("TFDEPLOY_TASK_TYPE" not in t.env for t in plan_of("lab_ports").tasks)
