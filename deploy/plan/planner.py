@@ -292,10 +292,9 @@ def task_gpus(host: Host, slot: int) -> str | None:
 
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
              count: int, gpus: str | None = None, backup: bool = False,
-             task_type: str | None = None) -> dict[str, EnvValue]:
+             task_type: str = "worker") -> dict[str, EnvValue]:
     """`index` is the task's index among its type (TF_CONFIG's), `count` the number of worker
-    tasks; `task_type` is given in a cluster with roles (TFDEPLOY_TASK_TYPE), and left out in
-    one of workers only, whose tasks' environment is what it always was."""
+    tasks, `task_type` its TF_CONFIG type (chief, worker, ps, evaluator)."""
     env = {
         "TF_CONFIG": EnvValue(json.dumps(config, separators=(",", ":"))),
         # Keras 3 cannot run multi-worker fit; tf_keras can, selected by this switch.
@@ -303,7 +302,7 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         # Without it, epoch lines sit in a buffer and the live view lags or loses them.
         "PYTHONUNBUFFERED": EnvValue("1"),
         "TFDEPLOY_RUN_ID": EnvValue(run_id),
-        **({"TFDEPLOY_TASK_TYPE": EnvValue(task_type)} if task_type else {}),
+        "TFDEPLOY_TASK_TYPE": EnvValue(task_type),
         "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
         "TFDEPLOY_OUTPUT_DIR": EnvValue(in_run(rundir, layout.OUTPUT)),
@@ -329,7 +328,6 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
     slots = [(host, host.role, i) for i, host in
              enumerate(h for h in inventory.hosts for _ in range(h.workers))]
     spec = cluster_dict(slots, ports)
-    roles = inventory.has_roles
     workers = sum(1 for _, role, _ in slots if role == "worker")
     seen: dict[str, int] = {}          # tasks of each type so far: the next one's index
     host_plans = []
@@ -348,7 +346,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                                *([HostPath(envpy)] if envpy else []),
                                tail=(HostPath(host.python), options.entry, *options.args))
             env = task_env(host, run_id, rundir, config, type_index, workers, gpus,
-                           options.backup, host.role if roles else None)
+                           options.backup, host.role)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index) if host.cluster_tasks else None,
                 tf_config=config, launch=Command(agent.argv, env, stdin="environment as JSON"),

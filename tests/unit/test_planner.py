@@ -356,5 +356,5 @@ def test_a_ps_cluster_gives_each_task_its_type_and_index_and_no_evaluator_in_the
     assert [t.key for t in plan.tasks] == ["chief-0", "0", "1", "ps-0", "evaluator-0"]
 
 
-def test_worker_only_plans_have_no_task_type_variable():
-    assert all("TFDEPLOY_TASK_TYPE" not in t.env for t in plan_of("lab_ports").tasks)
+def test_every_task_is_told_its_type():
+    assert {t.env["TFDEPLOY_TASK_TYPE"].value for t in plan_of("lab_ports").tasks} == {"worker"}
