@@ -67,9 +67,9 @@ class Watch:
         if "stopped" in event.doc:
             self.stopper.answered(event.host, event.doc["stopped"])
             return
-        for index, doc in event.doc["tasks"].items():
+        for index, status in event.doc["tasks"].items():
             task = self.by_index[int(index)]
-            self.run.apply(task, doc, view)
+            self.run.apply(task, status, status.pop("data", b""), view)
             if task.finished and task.failed and self.run.failure is None and view is not None:
                 self.fail(task)
 
