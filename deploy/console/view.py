@@ -1,6 +1,8 @@
 """What the user sees: prefixed live log lines, a status table, the end-of-run summary."""
 from __future__ import annotations
 
+import time
+
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -8,8 +10,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from deploy.console.flood import SAMPLE_LINES, LineBudget, Skipped, skipped_text
 from deploy.console.lines import number, shown_line
-from deploy.state.progress import TaskProgress, losses_agree
+from deploy.state.progress import NewLines, TaskProgress, losses_agree
 from deploy.state.record import RunRecord, RunState
 
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
@@ -36,11 +39,12 @@ def prefixed(task: TaskProgress, line: str) -> Text:
 def print_lines(console: Console, task: TaskProgress, lines: list[str], raw: bool = False,
                 events_as_text: bool = True) -> None:
     """Print a task's log lines as lines.py decides: by default without TensorFlow's C++ log
-    and with epoch events as short readable lines (`events_as_text`) or not at all."""
-    for line in lines:
-        shown = shown_line(line, raw, events_as_text, task.epochs_total)
-        if shown is not None:
-            console.print(prefixed(task, shown), markup=False, highlight=False, soft_wrap=True)
+    and with epoch events as short readable lines (`events_as_text`) or not at all. One print
+    for them all: each print makes a live display redraw itself."""
+    texts = [prefixed(task, shown) for line in lines
+             if (shown := shown_line(line, raw, events_as_text, task.epochs_total)) is not None]
+    if texts:
+        console.print(Text("\n").join(texts), markup=False, highlight=False, soft_wrap=True)
 
 
 def state_text(task: TaskProgress) -> Text:
@@ -116,13 +120,17 @@ def run_progress(tasks: list[TaskProgress]) -> Table | None:
 class LiveView:
     """Log lines scroll above; the status table and the run's progress bar stay at the bottom
     of the terminal, redrawn at most REFRESH times a second. Without a terminal there is no
-    table: epoch events print as short lines instead (lines.py)."""
+    table: epoch events print as short lines instead (lines.py). Lines print as fast as a
+    person reads them; a flood prints as samples with its rate (flood.py)."""
 
     REFRESH = 4
 
     def __init__(self, console: Console, tasks: list[TaskProgress], title: str,
                  raw: bool = False):
         self.console, self.tasks, self.title, self.raw = console, tasks, title, raw
+        self.by_index = {t.index: t for t in tasks}
+        self.budget = LineBudget()
+        self.drawn = 0.0
         self.live = Live(self._render(), console=console, refresh_per_second=self.REFRESH,
                          transient=True, redirect_stdout=False, redirect_stderr=False)
 
@@ -137,16 +145,40 @@ class LiveView:
         return self
 
     def __exit__(self, *exc) -> None:
+        for index, skipped in self.budget.due(everything=True):
+            self._report(self.by_index[index], skipped)
         if self.live.is_started:
             self.live.stop()
 
-    def lines(self, task: TaskProgress, lines: list[str]) -> None:
-        print_lines(self.console, task, lines, self.raw,
-                    events_as_text=not self.live.is_started)
+    def lines(self, task: TaskProgress, new: NewLines) -> None:
+        count = new.count
+        if not count:
+            return
+        if not self.budget.admit(count):
+            self.budget.skip(task.index, count, new.last_lines(SAMPLE_LINES), new.events)
+            return
+        self._report(task, self.budget.take(task.index))
+        self._print(task, new.all())
+
+    def _print(self, task: TaskProgress, lines: list[str]) -> None:
+        print_lines(self.console, task, lines, self.raw, events_as_text=not self.live.is_started)
+
+    def _report(self, task: TaskProgress, skipped: Skipped | None) -> None:
+        """What a flooded stretch of `task` left out: how much and how fast, its events and
+        its latest lines."""
+        if skipped is None:
+            return
+        note = skipped_text(skipped, self.budget.clock(), f"{task.name}.log")
+        self.console.print(prefixed(task, note), markup=False, highlight=False, soft_wrap=True)
+        self._print(task, [e for e in skipped.events if e not in skipped.latest] + skipped.latest)
 
     def refresh(self) -> None:
-        if self.live.is_started:
+        for index, skipped in self.budget.due():
+            self._report(self.by_index[index], skipped)
+        now = time.monotonic()
+        if self.live.is_started and now - self.drawn >= 1 / self.REFRESH:
             self.live.update(self._render())
+            self.drawn = now
 
 
 def summary_table(tasks: list[TaskProgress], wall_time: float | None = None) -> Table:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from deploy.host.frames import write_frame
 from deploy.host.layout import HOST_ZIP, in_run, task_file
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members, stop
@@ -92,8 +93,9 @@ def supervise(rundir, task, argv):
     return {}
 
 
-def poll(rundir, offsets, thorough=True):
-    """State and new log bytes of each task in `offsets` (task -> bytes already read).
+def statuses(rundir, offsets, thorough=True):
+    """State and new log bytes (at most MAX_CHUNK) of each task in `offsets` (task -> bytes
+    already read): task -> (status, bytes).
 
     `thorough` checks liveness against the run id in /proc, for one-off answers; the
     follower's frequent loop uses the cheap process-group check instead."""
@@ -125,16 +127,25 @@ def poll(rundir, offsets, thorough=True):
                     data = f.read(MAX_CHUNK)
         except OSError:
             size = 0
-        status.update(size=size, offset=offset + len(data),
-                      data=base64.b64encode(data).decode("ascii"))
+        status.update(size=size, offset=offset + len(data))
+        tasks[task] = (status, data)
+    return tasks
+
+
+def poll(rundir, offsets, thorough=True):
+    """One answer: each task's state and new log bytes, base64 in JSON."""
+    tasks = {}
+    for task, (status, data) in statuses(rundir, offsets, thorough).items():
+        status["data"] = base64.b64encode(data).decode("ascii")
         tasks[task] = status
     return {"tasks": tasks}
 
 
 def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
-    """Stream changes as they happen. One long-lived process is far cheaper than a new
-    process per poll, which matters on hosts whose cores are busy training. The heartbeat
-    makes a follower whose reader went away notice it (broken pipe) and exit.
+    """Stream changes as they happen, log bytes as they are (frames.py). One long-lived
+    process is far cheaper than a new process per poll, which matters on hosts whose cores
+    are busy training. The heartbeat makes a follower whose reader went away notice it
+    (broken pipe) and exit.
 
     It also takes `stop GRACE` lines on stdin and answers {"stopped": ...}: this process is
     already running, so a stop sent through it acts at once, where a new command would first
@@ -145,10 +156,9 @@ def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
     out = threading.Lock()
     stopping = threading.Lock()
 
-    def send(doc):
+    def send(doc, chunks=None):
         with out:
-            sys.stdout.write(json.dumps(doc) + "\n")
-            sys.stdout.flush()
+            write_frame(sys.stdout.buffer, doc, chunks)
 
     def commands():
         try:
@@ -163,21 +173,23 @@ def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
     threading.Thread(target=commands, daemon=True).start()
     last_write = time.time()
     while True:
-        doc = poll(rundir, offsets, thorough=False)
-        changed = {}
-        for task, status in doc["tasks"].items():
+        tasks = statuses(rundir, offsets, thorough=False)
+        changed, chunks = {}, {}
+        for task, (status, data) in tasks.items():
             offsets[task] = status["offset"]
             key = (status["state"], status.get("code"), status["size"], status["offset"])
-            if status["data"] or last.get(task) != key:
+            if data or last.get(task) != key:
                 changed[task] = status
+                if data:
+                    chunks[task] = data
             last[task] = key
         now = time.time()
         if changed or now - last_write > heartbeat:
-            send({"tasks": changed})
+            send({"tasks": changed}, chunks)
             last_write = now
         if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
-               for s in doc["tasks"].values()):
+               for s, _ in tasks.values()):
             with stopping:   # a stop in progress still gets to answer
                 return None
-        if not any(s["offset"] < s["size"] for s in doc["tasks"].values()):
+        if not any(s["offset"] < s["size"] for s, _ in tasks.values()):
             time.sleep(interval)

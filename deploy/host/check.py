@@ -8,12 +8,15 @@ Verbs (each prints one JSON document on stdout):
                           COUNT free TCP ports, whether the host has IPv6, and whether the
                           directory DATA (an inventory `data: {remote: ...}`) can be read
     mesh SPEC             listen on this host's task ports, connect to the other tasks' ports,
-                          report what answered; SPEC is JSON (see mesh())
+                          report what answered; SPEC is JSON (see mesh()). Driven by the
+                          controller, it runs as `python -I -c BOOT mesh SPEC` (checks.py):
+                          its source comes first on stdin, the phases' commands after it
     ports COUNT           COUNT free TCP ports, distinct from each other
 """
 import json
 import os
 import pwd
+import queue
 import signal
 import socket
 import stat
@@ -196,13 +199,79 @@ def reach(address, port, expect_host, nonce, deadline, attempt):
     return {"error": last}
 
 
-def mesh(spec):
+# Dials one host makes at once: enough to probe many peers quickly, few enough that 64 hosts'
+# probes do not flood a loaded machine with threads.
+DIALERS = 8
+
+
+def commands(stream):
+    """The controller's phase commands ("dial", "close"), read from `stream` as they come;
+    None once it ends."""
+    lines = queue.Queue()
+
+    def read():
+        try:
+            for line in stream:
+                lines.put(line.decode("ascii", "replace").strip())
+        except (OSError, ValueError):
+            pass
+        lines.put(None)
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def wait_for(lines, deadline):
+    """The next command, or None when the stream ended or the deadline passed."""
+    try:
+        return lines.get(timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        return None
+
+
+def say(doc):
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def dial_all(targets, nonce, attempt, retry_until):
+    """Reach every target, DIALERS at a time; `retry_until(now)` is how long a refused port
+    is tried again."""
+    results = [None] * len(targets)
+    pending = list(enumerate(targets))
+    lock = threading.Lock()
+
+    def dialer():
+        while True:
+            with lock:
+                if not pending:
+                    return
+                i, target = pending.pop(0)
+            results[i] = reach(target[0], int(target[1]), target[2], nonce,
+                               retry_until(time.monotonic()), attempt)
+    threads = [threading.Thread(target=dialer, daemon=True)
+               for _ in range(min(DIALERS, len(targets)))]
+    for t in threads:
+        t.start()
+    return results, threads
+
+
+def mesh(spec, stream=None):
     """spec: {"host", "nonce", "window", "attempt", "listen": {port: expected connections},
-    "targets": [[address, port, host], ...]}. Listeners stop once every expected caller came,
-    or when the window (plus a little) ends, whatever the controller does."""
+    "targets": [[address, port, host], ...], "driven": deadline (optional)}.
+
+    Driven by the controller (`driven` seconds at most, commands on `stream`): listen on
+    every port and say {"listening": ...}; on "dial", dial every target (each one for the
+    window at most) and say {"dialed": ...};
+    on "close" (or the stream's end, or the deadline) close and answer. Every host listens
+    before any host dials, however long the hosts took to start.
+
+    Not driven: dial at once, trying a refused port again until the window ends (a peer may
+    start a moment later), and listen until every expected caller came or the window ends."""
     window, started = float(spec["window"]), time.monotonic()
+    driven = spec.get("driven")
+    deadline = started + (float(driven) if driven else window)
     # A backstop: even if this process were stuck, the kernel ends it and frees its ports.
-    signal.alarm(int(window) + 5)
+    signal.alarm(int(max(window, deadline - started)) + 5)
     listen = {int(p): n for p, n in spec["listen"].items()}
     counts, lock, listeners, threads, bind_errors = {"stop": False}, threading.Lock(), [], [], {}
     for port in listen:
@@ -211,7 +280,7 @@ def mesh(spec):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((anywhere, port))
-            s.listen(64)
+            s.listen(1024)
         except OSError as exc:
             bind_errors[str(port)] = exc.strerror or str(exc)
             s.close()
@@ -221,23 +290,30 @@ def mesh(spec):
             s, port, spec["host"], spec["nonce"], counts, lock)))
     for t in threads:
         t.start()
-    results = [None] * len(spec["targets"])
-
-    def call(i, target):
-        results[i] = reach(target[0], int(target[1]), target[2], spec["nonce"],
-                           started + window, float(spec["attempt"]))
-    callers = [threading.Thread(target=call, args=(i, t), daemon=True)
-               for i, t in enumerate(spec["targets"])]
+    attempt = float(spec["attempt"])
+    if driven:
+        lines = commands(stream)
+        say({"listening": sorted(listen), "bind_errors": bind_errors})
+        dial = wait_for(lines, deadline) == "dial"
+        targets = spec["targets"] if dial else []
+        retry_until = lambda now: min(deadline, now + window)  # noqa: E731
+    else:
+        targets = spec["targets"]
+        retry_until = lambda now: started + window  # noqa: E731
+    results, callers = dial_all(targets, spec["nonce"], attempt, retry_until)
     for t in callers:
-        t.start()
-    for t in callers:
-        t.join(window + 3)
-    # Stay reachable until every expected caller came, or the window is over.
-    while time.monotonic() < started + window + 1:
-        with lock:
-            if all(counts[p] >= n for p, n in listen.items() if str(p) not in bind_errors):
-                break
-        time.sleep(0.05)
+        t.join(max(0.0, deadline - time.monotonic()) + 3)
+    if driven:
+        if dial:
+            say({"dialed": len(targets)})
+            wait_for(lines, deadline)        # "close", or the controller is gone
+    else:
+        # Stay reachable until every expected caller came, or the window is over.
+        while time.monotonic() < started + window + 1:
+            with lock:
+                if all(counts[p] >= n for p, n in listen.items() if str(p) not in bind_errors):
+                    break
+            time.sleep(0.05)
     counts["stop"] = True
     for s in listeners:
         s.close()
@@ -256,7 +332,7 @@ def main(argv):
     if verb == "probe":
         out = probe(args[0], int(args[1]), *args[2:3])
     elif verb == "mesh":
-        out = mesh(json.loads(args[0]))
+        out = mesh(json.loads(args[0]), sys.stdin.buffer)
     elif verb == "ports":
         out = {"ports": free_ports(int(args[0]))}
     else:

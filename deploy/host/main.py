@@ -1,11 +1,12 @@
 """The verbs of the host package: `python -I tfdeploy-host.zip VERB RUNDIR ARGS...`.
 
-Each verb prints one JSON document on stdout (follow and setup: a stream of JSON lines).
+Each verb prints one JSON document on stdout (setup: a stream of JSON lines; follow: a stream
+of frames, frames.py).
     launch RUNDIR TASK CWD [PY] -- ARGV...  environment as JSON on stdin; starts the task
                                         detached (ARGV[0] becomes PY where that exists)
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
     poll RUNDIR TASK:OFFSET...          state, exit code and new log bytes of tasks
-    follow RUNDIR TASK:OFFSET...        the same as a stream, one line per change, until
+    follow RUNDIR TASK:OFFSET...        the same as a stream, one frame per change, until
                                         every task has ended; takes `stop GRACE` on stdin
     stop RUNDIR GRACE                   TERM every task's group (and setup's pip), KILL later
     cleanup RUNDIR GRACE [HOST]         stop, then delete the run directory once no other host

@@ -17,8 +17,15 @@ HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to
 # fail half-way, after the cluster has started.
 MIN_DISK_FREE = 512 * 1024 ** 2
-# Listeners live this long at most; a blocked port costs this much time, a healthy mesh far less.
+# A port is tried this long at most; a blocked port costs this much time, a healthy mesh far less.
 MESH_WINDOW = 5.0
+# The whole mesh probe on a host, its three phases (listen, dial, close) together, ends by
+# then whatever the controller does: long enough for many hosts to start their probes.
+MESH_DEADLINE = 120.0
+# The mesh probe's python reads its source from stdin by length, then the phases' commands
+# (`python -` would read stdin to its end before running anything).
+MESH_BOOT = ("import sys; s = sys.stdin.buffer; "
+             "exec(compile(s.read(int(s.readline())), 'check.py', 'exec'))")
 MESH_ATTEMPT = 2.0     # one connection attempt; a firewall that drops packets times out here
 INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 
@@ -75,8 +82,14 @@ def probe_command(host: Host, env_python: str | None = None) -> Command:
 
 
 def mesh_command(host: Host, spec: dict) -> Command:
-    return Command((HostPath(host.python), "-I", "-", "mesh",
-                    json.dumps(spec, separators=(",", ":"))), stdin=CHECK_STDIN)
+    return Command((HostPath(host.python), "-I", "-c", MESH_BOOT, "mesh",
+                    json.dumps(spec, separators=(",", ":"))),
+                   stdin=f"the length of {CHECK_STDIN}, it, then the phases: dial, close")
+
+
+def mesh_stdin(source: bytes) -> bytes:
+    """What the mesh probe's python reads first: its source, headed by its length."""
+    return b"%d\n" % len(source) + source
 
 
 def judge_probe(check: HostCheck, answer: dict) -> None:
@@ -155,7 +168,8 @@ def mesh_pairs(checks: list[HostCheck]) -> list[tuple[HostCheck, HostCheck, int]
 
 def mesh_specs(checks: list[HostCheck], nonce: str) -> dict[str, dict]:
     specs = {c.host.name: {"host": c.host.name, "nonce": nonce, "window": MESH_WINDOW,
-                           "attempt": MESH_ATTEMPT, "listen": {str(p): 0 for p in c.ports},
+                           "attempt": MESH_ATTEMPT, "driven": MESH_DEADLINE,
+                           "listen": {str(p): 0 for p in c.ports},
                            "targets": []} for c in checks}
     for src, dst, port in mesh_pairs(checks):
         specs[dst.host.name]["listen"][str(port)] += 1

@@ -1,4 +1,5 @@
-"""Run the checks of checks.py on the hosts: probe every host, then the TCP mesh between them.
+"""Run the checks of checks.py on the hosts: probe every host, then the TCP mesh between them
+(mesh.py).
 
 Nothing is written on any host: deploy/host/check.py travels on the stdin of the host's python. Used
 by `inv check` (own connections) and by `train` before it starts anything (its session's).
@@ -16,11 +17,12 @@ from deploy.console.view import say
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
 from deploy.plan.checks import (
-    HOSTCHECK_SOURCE, MESH_WINDOW, CheckReport, HostCheck, assign_task_ports, judge_mesh,
-    judge_probe, mesh_command, mesh_specs, probe_command, version_problems
+    HOSTCHECK_SOURCE, CheckReport, HostCheck, assign_task_ports, judge_mesh, judge_probe,
+    mesh_specs, probe_command, version_problems
 )
 from deploy.plan.command import Command
 from deploy.plan.planner import env_python
+from deploy.run.mesh import probe_mesh
 from deploy.ssh.parallel import on_each
 from deploy.ssh.session import Session, StepFailed, agent_json
 from deploy.ssh.transport import Transport, connect
@@ -66,10 +68,9 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
     if port_problem:
         report.problems.append(port_problem)
     elif probed:
-        specs = mesh_specs(probed, secrets.token_hex(8))
-        answers, errors = on_each(probed, lambda c: c.host.name, lambda c: ask(
-            c, mesh_command(c.host, specs[c.host.name]), "mesh check", MESH_WINDOW + 30))
-        judge_mesh(probed, answers, {name: str(e) for name, e in errors.items()})
+        answers, errors = probe_mesh(probed, transports, source,
+                                     mesh_specs(probed, secrets.token_hex(8)))
+        judge_mesh(probed, answers, errors)
     report.seconds = time.monotonic() - started
     return report
 

@@ -1,20 +1,25 @@
 """Live streams of every host's task states and logs, merged into one queue.
 
-One long-lived agent process per host pushes changes as they happen; the controller's main
-thread only reads the queue, so Ctrl-C reaches it at once and no thread touches task state.
+One long-lived agent process per host pushes changes as they happen, log bytes as frames
+(deploy/host/frames.py); the controller's main thread only reads the queue, so Ctrl-C reaches
+it at once and no thread touches task state. The queue is bounded: a reader that gets ahead
+of the main thread waits, the channel fills, and the host's follower waits too; the logs wait
+on the hosts' disks, not in the controller's memory.
 """
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Mapping
 
+from deploy.host.frames import read_frame
 from deploy.plan.planner import HostPlan, RunPlan, follow_command, host_offsets
 from deploy.ssh.transport import LineStream, Transport
 
 RESTARTS = 3
+# Documents waiting for the main thread; each carries at most one chunk of log per task.
+QUEUED = 8
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Event:
 class Followers:
     def __init__(self, plan: RunPlan, transports: Mapping[str, Transport]):
         self.plan, self.transports = plan, transports
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events: queue.Queue[Event] = queue.Queue(QUEUED)
         self.streams: dict[str, LineStream] = {}
         self.restarts = {hp.host.name: 0 for hp in plan.hosts}
         self.lock = threading.Lock()
@@ -62,11 +67,20 @@ class Followers:
                     stream.close()
                     return
                 self.streams[name] = stream
-            for line in stream:
-                self.events.put(Event(name, "doc", json.loads(line)))
-            self.events.put(Event(name, "end"))
+            while (doc := read_frame(stream)) is not None:
+                self._put(Event(name, "doc", doc))
+            self._put(Event(name, "end"))
         except Exception as exc:  # reported to the main thread, which decides
-            self.events.put(Event(name, "error", error=str(exc)))
+            self._put(Event(name, "error", error=str(exc)))
+
+    def _put(self, event: Event) -> None:
+        """Queue `event`, waiting while the queue is full; dropped once following is over."""
+        while not self.closed:
+            try:
+                self.events.put(event, timeout=0.25)
+                return
+            except queue.Full:
+                continue
 
     def send_stop(self, grace: float) -> list[str]:
         """Ask every host's follower to stop its tasks now (TERM, KILL after `grace`); each

@@ -5,6 +5,7 @@ stopping.py stops its tasks, restarts.py relaunches it, finish.py tears it down.
 """
 from __future__ import annotations
 
+import base64
 import signal
 import threading
 from dataclasses import dataclass
@@ -17,10 +18,11 @@ from deploy.console.view import LiveView, print_lines
 from deploy.plan.planner import RunPlan
 from deploy.ssh.session import Session, StepFailed
 from deploy.state import localdir
-from deploy.state.progress import TaskProgress
+from deploy.state.progress import NewLines, TaskProgress
 from deploy.state.record import RunState, update_record
 
 EXIT_INTERRUPTED = 130
+READ_PIECE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -62,26 +64,26 @@ class Run:
     def set_state(self, state: RunState, **fields) -> None:
         update_record(self.dir, state=state, **fields)
 
-    def show(self, task: TaskProgress, lines: list[str], view: LiveView | None = None) -> None:
+    def show(self, task: TaskProgress, new: NewLines, view: LiveView | None = None) -> None:
         if self.only_task is not None and task.index != self.only_task:
             return
         if view:
-            view.lines(task, lines)
+            view.lines(task, new)
         else:
-            print_lines(self.console, task, lines, self.raw)
+            print_lines(self.console, task, new.all(), self.raw)
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}
 
-    def apply(self, task: TaskProgress, doc: dict, view: LiveView | None = None,
-              shown: bool = True) -> None:
+    def apply(self, task: TaskProgress, status: dict, data: bytes,
+              view: LiveView | None = None, shown: bool = True) -> None:
         """One answer of the host about `task`: its state, and log bytes kept and shown."""
-        data, lines = task.update(doc)
+        new = task.update(status, data)
         if self.writes_logs and data:
             self.logs[task.index].write(data)
             self.logs[task.index].flush()
         if shown:
-            self.show(task, lines, view)
+            self.show(task, new, view)
 
     def catch_up(self, print_lines: bool = True) -> None:
         """Read every task's log on the hosts from where the local copy ends, to its end."""
@@ -92,7 +94,9 @@ class Run:
             more = False
             for task in self.tasks:
                 if task.index in answers:
-                    self.apply(task, answers[task.index], shown=print_lines)
+                    status = answers[task.index]
+                    self.apply(task, status, base64.b64decode(status.get("data", "")),
+                               shown=print_lines)
                     more = more or task.offset < task.size
             if not more:
                 return
@@ -105,14 +109,19 @@ class Run:
             log.close()
 
 
-def load_local_logs(run: Run, shown: Callable[[TaskProgress, list[str]], None] | None) -> None:
+def load_local_logs(run: Run, shown: Callable[[TaskProgress, NewLines], None] | None) -> None:
     """Start from the local copies of the logs: their metrics count, and reading the hosts'
-    logs goes on from where they end, so no byte is printed or stored twice."""
+    logs goes on from where they end, so no byte is printed or stored twice. Read in pieces:
+    a long run's log never sits in memory whole."""
     for task in run.tasks:
         path = localdir.task_log(run.dir, task.name)
-        lines = task.replay(path.read_bytes() if path.exists() else b"")
-        if shown:
-            shown(task, lines)
+        if not path.exists():
+            continue
+        with path.open("rb") as log:
+            while piece := log.read(READ_PIECE):
+                new = task.replay(piece)
+                if shown:
+                    shown(task, new)
 
 
 def ignore_sigint():

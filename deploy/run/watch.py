@@ -79,12 +79,12 @@ class Watch:
             self.stopper.answered(event.host, event.doc["stopped"])
             return
         tasks = self.by_key[event.host]
-        for key, doc in event.doc["tasks"].items():
+        for key, status in event.doc["tasks"].items():
             task = tasks.get(key)
             if task is None:
                 continue
             finished = task.finished
-            self.run.apply(task, doc, view)
+            self.run.apply(task, status, status.pop("data", b""), view)
             if task.finished and not finished and view is not None:
                 self.ended(task)
 

@@ -83,9 +83,14 @@ class Exchange(Protocol):
 
 
 class LineStream(Protocol):
-    """Output lines of a long-running command, read as they come; close() abandons it."""
+    """The output of a long-running command, read as it comes: by lines (iterating, or
+    readline) or by byte counts (read, for the follow stream's frames); close() abandons it."""
 
     def __iter__(self): ...
+
+    def readline(self, limit: int = -1) -> bytes: ...
+
+    def read(self, size: int) -> bytes: ...
 
     def send(self, data: bytes) -> None: ...
 
@@ -101,6 +106,12 @@ class LocalStream:
 
     def __iter__(self):
         return iter(self.proc.stdout)
+
+    def readline(self, limit: int = -1) -> bytes:
+        return self.proc.stdout.readline(limit)
+
+    def read(self, size: int) -> bytes:
+        return self.proc.stdout.read(size)
 
     def send(self, data: bytes) -> None:
         try:
@@ -222,21 +233,63 @@ class SshExchange:
 
 
 class SshStream:
+    """A channel's output through one bytearray: paramiko's own file object grows its buffer
+    by bytes concatenation, a copy of the whole buffer per packet, which a stream of large
+    log chunks would pay for every 32 KiB."""
+
+    RECV = 1 << 18
+
     def __init__(self, channel: paramiko.Channel, label: str):
         self.channel, self.label = channel, label
-        self.file = channel.makefile("rb")
+        self.buffer = bytearray()
+
+    @contextmanager
+    def _errors(self):
+        try:
+            yield
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+
+    def _fill(self) -> bool:
+        with self._errors():
+            data = self.channel.recv(self.RECV)
+        self.buffer += data
+        return bool(data)
+
+    def _take(self, size: int) -> bytes:
+        with memoryview(self.buffer) as view:
+            taken = bytes(view[:size])
+        del self.buffer[:size]          # cheap: a bytearray drops its head in place
+        return taken
+
+    def readline(self, limit: int = -1) -> bytes:
+        searched = 0
+        while True:
+            end = self.buffer.find(b"\n", searched)
+            if end >= 0:
+                size = end + 1
+                break
+            if 0 <= limit <= len(self.buffer):
+                size = limit
+                break
+            searched = len(self.buffer)
+            if not self._fill():
+                size = len(self.buffer)
+                break
+        return self._take(size if limit < 0 else min(size, limit))
+
+    def read(self, size: int) -> bytes:
+        while len(self.buffer) < size and self._fill():
+            pass
+        return self._take(size)
 
     def __iter__(self):
-        try:
-            yield from self.file
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
+        while line := self.readline():
+            yield line
 
     def send(self, data: bytes) -> None:
-        try:
+        with self._errors():
             self.channel.sendall(data)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
 
     def close(self) -> None:
         self.channel.close()

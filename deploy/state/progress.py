@@ -1,17 +1,52 @@
-"""What the controller knows about each task, updated from the agent's poll answers.
+"""What the controller knows about each task, updated from the agent's answers.
 
-Pure: it turns poll documents into complete log lines, states and metrics; printing and
-networking live elsewhere.
+Pure: it turns task states and log bytes into states, metrics and complete log lines;
+printing and networking live elsewhere. Nothing here grows with the log: a chunk's lines stay
+one block of bytes, split only when the console asks for them (NewLines); only event lines,
+found by a byte search, are decoded and parsed, all of them.
 """
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass, field
 
 from deploy.host.layout import task_key, task_name
 
 FINAL_STATES = ("exited", "lost")
+# A line longer than this (a progress bar redrawn with \r and no newline for a whole epoch)
+# keeps only its last bytes for the console; the log file keeps all of it.
+MAX_PARTIAL = 64 << 10
+# Every event line holds this key; the lines without it are never decoded.
+EVENT_KEY = b'"event"'
+
+
+def decoded(line: bytes) -> str:
+    return line.rstrip(b"\r").decode("utf-8", "replace")
+
+
+@dataclass
+class NewLines:
+    """The complete lines one chunk of log ended, as one block of bytes (each line ends with
+    a newline), and a last line without one when the task has ended."""
+    block: bytes = b""
+    last: str | None = None
+    events: list[str] = field(default_factory=list)    # the event lines among them
+
+    @property
+    def count(self) -> int:
+        return self.block.count(b"\n") + (self.last is not None)
+
+    def all(self) -> list[str]:
+        lines = [decoded(line) for line in self.block.split(b"\n")[:-1]]
+        return lines + ([self.last] if self.last is not None else [])
+
+    def last_lines(self, n: int) -> list[str]:
+        """The last `n` lines, splitting nothing before them."""
+        if n <= 0:
+            return []
+        pieces = self.block[:-1].rsplit(b"\n", n)[-n:] if self.block else []
+        lines = [decoded(line) for line in pieces]
+        return (lines + ([self.last] if self.last is not None else []))[-n:]
 
 
 @dataclass
@@ -61,49 +96,70 @@ class TaskProgress:
             return None
         return self.ended - self.started
 
-    def update(self, doc: dict, tail_lines: int = 40) -> tuple[bytes, list[str]]:
-        """Apply one poll answer; return (raw new bytes, new complete lines)."""
-        self.state = doc.get("state", self.state)
+    def update(self, status: dict, data: bytes, tail_lines: int = 40) -> NewLines:
+        """Apply one answer of the host: the task's `status` and its next log bytes `data`;
+        return the complete lines they end."""
+        self.state = status.get("state", self.state)
         for key in ("code", "pid", "started", "ended"):
-            if key in doc:
-                setattr(self, key, doc[key])
-        data = base64.b64decode(doc.get("data", ""))
-        self.offset = doc.get("offset", self.offset)
-        self.size = doc.get("size", self.size)
-        lines = self.feed(data)
+            if key in status:
+                setattr(self, key, status[key])
+        self.offset = status.get("offset", self.offset)
+        self.size = status.get("size", self.size)
+        new = self.feed(data)
         # A task that ended without a final newline still gets its last line shown.
         if self.finished and self.partial:
-            lines.append(self.partial.decode("utf-8", "replace"))
+            new.last = self.partial.decode("utf-8", "replace")
+            self._observe(new, [new.last])
             self.partial = b""
-        for line in lines:
-            self.observe(line)
-        self.tail = (self.tail + lines)[-tail_lines:]
-        return data, lines
+        self.tail = (self.tail + new.last_lines(tail_lines))[-tail_lines:]
+        return new
 
-    def replay(self, data: bytes, tail_lines: int = 40) -> list[str]:
-        """Take in a local copy of the log (a reattaching controller): the metrics and losses
-        it holds, and the offset from which the host has more."""
-        lines = self.feed(data)
-        for line in lines:
-            self.observe(line)
-        self.tail = (self.tail + lines)[-tail_lines:]
-        self.offset = self.size = len(data)
-        return lines
+    def replay(self, data: bytes, tail_lines: int = 40) -> NewLines:
+        """Take in the next piece of a local copy of the log (a reattaching controller): the
+        metrics and losses it holds, and the offset from which the host has more."""
+        new = self.feed(data)
+        self.tail = (self.tail + new.last_lines(tail_lines))[-tail_lines:]
+        self.offset = self.size = self.offset + len(data)
+        return new
 
     def new_attempt(self) -> None:
         """The task is launched again (--restarts): a fresh state, the same log and offset."""
         self.state, self.code, self.pid, self.started, self.ended = "pending", None, None, None, None
         self.first_step = False
 
-    def feed(self, data: bytes) -> list[str]:
-        chunks = (self.partial + data).split(b"\n")
-        self.partial = chunks.pop()
-        return [c.rstrip(b"\r").decode("utf-8", "replace") for c in chunks]
+    def feed(self, data: bytes) -> NewLines:
+        """The lines `data` completes, with its event lines taken in."""
+        end = data.rfind(b"\n")
+        if end < 0:
+            self.partial = (self.partial + data)[-MAX_PARTIAL:]
+            return NewLines()
+        new = NewLines(self.partial + data[:end + 1])
+        self.partial = data[end + 1:][-MAX_PARTIAL:]
+        self._observe(new, self._event_lines(new.block))
+        return new
 
-    def observe(self, line: str) -> None:
+    @staticmethod
+    def _event_lines(block: bytes) -> list[str]:
+        """The lines of `block` that hold the event key (a byte search, not a split)."""
+        lines = []
+        at = block.find(EVENT_KEY)
+        while at >= 0:
+            start = block.rfind(b"\n", 0, at) + 1
+            end = block.find(b"\n", at)
+            lines.append(decoded(block[start:end]))
+            at = block.find(EVENT_KEY, end)
+        return lines
+
+    def _observe(self, new: NewLines, lines: list[str]) -> None:
+        for line in lines:
+            if self.observe(line):
+                new.events.append(line)
+
+    def observe(self, line: str) -> bool:
+        """Take in the event `line` holds, if any; whether it held one."""
         event = parse_event(line)
         if not event:
-            return
+            return False
         self.speaks_events = True
         kind = event.get("event")
         if kind == "start":
@@ -130,6 +186,7 @@ class TaskProgress:
             # "seconds" is how long the epoch took, not a metric of the model.
             self.metrics = {k: v for k, v in event.items()
                             if k not in ("event", "task", "epoch", "seconds") and _is_number(v)}
+        return True
 
     @property
     def steps_per_second(self) -> float | None:

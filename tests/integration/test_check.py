@@ -150,3 +150,17 @@ def test_bad_input_exits_2_and_contacts_no_host(tmp_path):
     assert timeout.returncode == 2
     assert "--connect-timeout takes a number of seconds" in timeout.stdout
     assert "not 'soon'" in timeout.stdout
+
+
+def test_sixteen_hosts_check_their_whole_mesh(tmp_path):
+    """Many hosts take longer to start their probes than a probe's window: every listener
+    stays open until every host has dialed (deploy/run/mesh.py)."""
+    with SshLab(tmp_path / "lab") as lab:
+        hosts = lab.start(16)
+        inventory = lab.write_inventory(tmp_path / "hosts.yaml", hosts)
+        done = inv("check", "--hosts", str(inventory))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "all checks passed" in done.stdout
+        for host in hosts:
+            row = next(line for line in done.stdout.splitlines() if f" {host.name} " in line)
+            assert " ok " in row

@@ -24,6 +24,7 @@ import pytest
 
 import hostpkg
 from deploy.host import env as hostenv
+from deploy.host.frames import read_frame
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import (
@@ -218,9 +219,10 @@ def test_follow_streams_until_every_task_has_ended(rundir):
     launch(rundir, 0, "/bin/sh", "-c", "echo one; sleep 0.3; echo two")
     launch(rundir, 1, "/bin/sh", "-c", "exit 3")
     done = subprocess.run([*hostpkg.command(rundir), "follow", str(rundir), "0:0", "1:0"],
-                          capture_output=True, text=True, timeout=30, check=True)
-    docs = [json.loads(line) for line in done.stdout.splitlines()]
-    logged = b"".join(base64.b64decode(d["tasks"]["0"]["data"]) for d in docs if "0" in d["tasks"])
+                          capture_output=True, timeout=30, check=True)
+    stream = io.BytesIO(done.stdout)
+    docs = list(iter(lambda: read_frame(stream), None))
+    logged = b"".join(d["tasks"]["0"]["data"] for d in docs if "0" in d["tasks"])
     assert logged == b"one\ntwo\n"
     finals = {}
     for doc in docs:

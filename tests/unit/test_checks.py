@@ -6,17 +6,21 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
-    HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports, judge_mesh,
-    judge_probe, mesh_command, mesh_pairs, mesh_specs, probe_command, rows, version_problems
+    HOSTCHECK_SOURCE, MESH_BOOT, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports,
+    judge_mesh, judge_probe, mesh_command, mesh_pairs, mesh_specs, mesh_stdin, probe_command,
+    rows, version_problems
 )
 from deploy.plan.lints import lint
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.ports import choose_ports, task_ports
+from deploy.run.mesh import probe_mesh
+from deploy.ssh.transport import LocalTransport
 
 THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
          "  - {name: b, address: 10.1.2.4, workers: 2}\n"
@@ -46,7 +50,7 @@ def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything()
                      " workdir: '~/my dir'}\n").hosts[0]
     assert probe_command(host).line == "/opt/py3 -I - probe ~/'my dir' 5"
     line = mesh_command(host, {"host": "a", "targets": [["x", 1, "$(id)"]]}).line
-    assert line.startswith("/opt/py3 -I - mesh '{") and "$(id)" in line
+    assert line.startswith("/opt/py3 -I -c ") and " mesh '{" in line and "$(id)" in line
 
 
 @pytest.mark.parametrize("env_exists", [True, False])
@@ -308,3 +312,67 @@ def test_mesh_listeners_answer_callers_over_ipv6_and_ipv4_alike():
     assert [c.get("ok") for c in answer["connects"]] == [True, True], answer
     assert answer["accepted"] == {str(port): 2} and answer["bind_errors"] == {}
     assert hostcheck("probe", "/", "1")["ipv6"] is True
+
+
+def test_a_driven_mesh_probe_listens_until_told_to_dial_and_to_close():
+    """Phases on stdin: listening is said first and lasts past the window until "close"."""
+    mine, dead = free_port(), free_port()
+    spec = {"host": "a", "nonce": "n3", "window": 0.5, "attempt": 1, "driven": 20,
+            "listen": {str(mine): 1},
+            "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
+    proc = subprocess.Popen([sys.executable, *mesh_command_argv(json.dumps(spec))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        proc.stdin.write(mesh_stdin(HOSTCHECK_SOURCE.read_bytes()))
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"listening": [mine], "bind_errors": {}}
+        time.sleep(1.5)                     # three windows: a host slow to start its probe
+        proc.stdin.write(b"dial\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"dialed": 2}
+        with socket.socket() as s:          # still listening after dialing, until "close"
+            assert s.connect_ex(("127.0.0.1", mine)) == 0
+        proc.stdin.write(b"close\n")
+        proc.stdin.close()
+        answer = json.loads(proc.stdout.read())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
+                                     "host": "a"}
+    assert answer["connects"][1]["error"] == "refused"
+    assert answer["accepted"] == {str(mine): 1}
+
+
+def mesh_command_argv(spec: str) -> list[str]:
+    return ["-I", "-c", MESH_BOOT, "mesh", spec]
+
+
+class SlowToStart:
+    """A local transport whose commands start `delay` seconds late (a slow SSH login)."""
+
+    def __init__(self, transport, delay):
+        self.transport, self.delay = transport, delay
+
+    def exchange(self, line, timeout=60.0):
+        time.sleep(self.delay)
+        return self.transport.exchange(line, timeout)
+
+
+def test_no_host_dials_before_every_host_listens_however_late_one_starts():
+    hosts = parse_inventory(
+        f"hosts:\n  - {{name: a, transport: local, python: '{sys.executable}'}}\n"
+        f"  - {{name: b, transport: local, python: '{sys.executable}', workers: 2, workdir: /b}}\n",
+        "lab.yaml", environ={}).hosts
+    checks = [HostCheck(h) for h in hosts]
+    ports = iter(hostcheck("ports", "3")["ports"])
+    for c in checks:
+        c.ports = [next(ports) for _ in range(c.host.workers)]
+    specs = mesh_specs(checks, "n4")
+    for spec in specs.values():
+        spec["window"] = 0.5                # b starts its probe long after a's window
+    transports = {"a": LocalTransport(hosts[0]), "b": SlowToStart(LocalTransport(hosts[1]), 2)}
+    answers, errors = probe_mesh(checks, transports, HOSTCHECK_SOURCE.read_bytes(), specs)
+    judge_mesh(checks, answers, errors)
+    assert errors == {} and [c.problems for c in checks] == [[], []]
+    assert [(c.mesh_in, c.mesh_out) for c in checks] == [((1, 1), (2, 2)), ((4, 4), (3, 3))]

@@ -8,6 +8,7 @@ import pytest
 from matplotlib.image import imread
 from rich.console import Console
 
+from deploy.console.flood import LineBudget
 from deploy.console.lines import epoch_text, is_tensorflow_chatter, shown_line
 from deploy.console.plot import plot_losses
 from deploy.console.view import (
@@ -15,7 +16,7 @@ from deploy.console.view import (
 )
 from deploy.errors import Failure
 from deploy.run.reattach import plot as plot_run
-from deploy.state.progress import TaskProgress
+from deploy.state.progress import NewLines, TaskProgress
 from deploy.state.record import RunState
 from test_records import lab_plan, recorded
 
@@ -61,6 +62,10 @@ def task_with(lines, index=0, host="local", **status):
     return task
 
 
+def new_lines(lines) -> NewLines:
+    return NewLines(("\n".join(lines) + "\n").encode())
+
+
 def rendered(renderable, width=150) -> str:
     console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
     console.print(renderable)
@@ -102,7 +107,7 @@ def test_the_live_view_without_a_terminal_prints_plain_lines():
     task = task_with(EVENTS[:1])
     with LiveView(console, [task], "run x") as view:
         assert not view.live.is_started
-        view.lines(task, CHATTER + EVENTS)
+        view.lines(task, new_lines(CHATTER + EVENTS))
         view.refresh()
     assert out.getvalue() == "[worker-0 local] epoch 1/30  loss 1.3322  accuracy 0.3750\n"
 
@@ -113,7 +118,7 @@ def test_the_live_view_on_a_terminal_leaves_events_to_its_table():
     task = task_with(EVENTS)
     with LiveView(console, [task], "run x") as view:
         assert view.live.is_started
-        view.lines(task, CHATTER + ["hello from the payload"] + EVENTS)
+        view.lines(task, new_lines(CHATTER + ["hello from the payload"] + EVENTS))
         view.refresh()
         view.live.refresh()         # draw now rather than at the next tick
     text = out.getvalue()
@@ -235,3 +240,53 @@ def test_inv_plot_says_so_when_no_task_reported_a_loss(tmp_path):
     with pytest.raises(Failure, match="no task reported a loss"):
         plot_run(tmp_path, None, Console(file=io.StringIO()))
     assert not (run_dir / "loss.png").exists()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_flood_prints_samples_with_its_rate_and_every_epoch_line():
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None)
+    task = task_with(EVENTS[:1])
+    clock = Clock()
+    with LiveView(console, [task], "run x") as view:
+        view.budget = LineBudget(clock)
+        view.lines(task, new_lines(["a readable burst"] * 10))
+        for second in range(3):
+            flood = [f"line {second}-{i}" for i in range(50_000)]
+            new = task.update({"state": "running"}, ("\n".join(flood + [epoch(second + 1, 0.5)])
+                                                     + "\n").encode())
+            view.lines(task, new)
+            clock.now += 0.5
+            view.refresh()                                  # not due yet: nothing printed
+            assert f"line {second}-49999" not in out.getvalue()
+            clock.now += 0.5
+            view.refresh()
+    text = out.getvalue().splitlines()
+    assert text[:10] == ["[worker-0 local] a readable burst"] * 10
+    assert text[10:] == [line for second in range(3) for line in (
+        "[worker-0 local] … 50,001 lines not shown (50,001 lines/s); worker-0.log has every line",
+        f"[worker-0 local] line {second}-49998", f"[worker-0 local] line {second}-49999",
+        f"[worker-0 local] epoch {second + 1}/30  loss 0.5000")]
+
+
+def test_after_a_flood_lines_print_whole_again_once_its_rest_is_reported():
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None)
+    task = task_with([])
+    clock = Clock()
+    with LiveView(console, [task], "run x") as view:
+        view.budget = LineBudget(clock)
+        view.lines(task, new_lines([f"flood {i}" for i in range(5000)]))
+        clock.now += 10                                     # a quiet spell: the budget refills
+        view.lines(task, new_lines(["calm again"]))
+    assert out.getvalue().splitlines() == [
+        "[worker-0 local] … 5,000 lines not shown (500 lines/s); worker-0.log has every line",
+        "[worker-0 local] flood 4997", "[worker-0 local] flood 4998", "[worker-0 local] flood 4999",
+        "[worker-0 local] calm again"]

@@ -1,0 +1,97 @@
+"""Many hosts: `inv check` and `inv train` of a trivial payload (a script that prints and
+exits, no TensorFlow) on 16 and 64 SSH lab hosts, against the same number of parallel
+`ssh host python3 noop.py` (OpenSSH, one ssh_config, strict known_hosts).
+
+Per repeat, alternating: parallel ssh, `inv check`, `inv train` (checks included). Prints
+medians and each one's ratio to parallel ssh.
+
+    python benchmarks/bench_hosts.py [--repeats 3] [--hosts 16 64]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_train import REPO, line
+
+sys.path.insert(0, str(REPO / "tests"))
+from sshlab import SshLab  # noqa: E402
+
+FIRST_OCTET = 150    # away from the test lab's 127.0.0.2, .3, ... and the other benchmarks'
+NOOP = "print('noop')\n"
+
+
+def ssh_config(lab: SshLab, hosts, path: Path) -> Path:
+    lines = []
+    for host in hosts:
+        lines += [f"Host {host.name}", f"  HostName {host.address}", f"  Port {host.port}"]
+    lines += ["Host *", f"  User {lab.user}", f"  IdentityFile {lab.identity_file}",
+              "  IdentitiesOnly yes", f"  UserKnownHostsFile {lab.known_hosts}",
+              "  StrictHostKeyChecking yes", "  BatchMode yes"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def parallel_ssh(config: Path, hosts, noop: Path) -> float:
+    started = time.monotonic()
+    procs = [subprocess.Popen(["ssh", "-F", str(config), host.name, sys.executable, str(noop)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for host in hosts]
+    outputs = [p.communicate() for p in procs]
+    elapsed = time.monotonic() - started
+    failed = [(h.name, err) for h, p, (_, err) in zip(hosts, procs, outputs) if p.returncode]
+    if failed:
+        raise SystemExit(f"ssh failed on {len(failed)} host(s): {failed[:3]}")
+    return elapsed
+
+
+def inv(*args: str) -> float:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO,
+                          capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"inv {args[0]} failed ({done.returncode}):\n{done.stdout[-4000:]}\n"
+                         f"{done.stderr[-2000:]}")
+    return elapsed
+
+
+def measure(count: int, repeats: int, tmp: Path) -> None:
+    with SshLab(tmp / f"lab{count}", first_octet=FIRST_OCTET) as lab:
+        hosts = lab.start(count)
+        inventory = lab.write_inventory(tmp / f"hosts{count}.yaml", hosts)
+        config = ssh_config(lab, hosts, tmp / f"ssh_config{count}")
+        payload = tmp / "payload"
+        payload.mkdir(exist_ok=True)
+        (payload / "noop.py").write_text(NOOP)
+        ssh, check, train = [], [], []
+        for _ in range(repeats):
+            ssh.append(parallel_ssh(config, hosts, payload / "noop.py"))
+            check.append(inv("check", "--hosts", str(inventory)))
+            train.append(inv("train", "--hosts", str(inventory), "--payload", str(payload),
+                             "--entry", "noop.py", "--runs-dir", str(tmp / "runs")))
+    s = statistics.median(ssh)
+    print(f"{count} SSH hosts on loopback; {repeats} repeats, alternating")
+    print(line(f"{count} parallel ssh python3 noop.py:", ssh, 40))
+    print(line("inv check:", check, 40))
+    print(line("inv train (trivial payload):", train, 40))
+    print(f"ratio inv check / parallel ssh: {statistics.median(check) / s:.2f}x; "
+          f"inv train / parallel ssh: {statistics.median(train) / s:.2f}x", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[16, 64])
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
+        for count in opts.hosts:
+            measure(count, opts.repeats, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
