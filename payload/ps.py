@@ -18,7 +18,7 @@ import time
 import tensorflow as tf
 import tf_keras as keras
 
-import train
+import common
 
 # Checkpoints are read by the evaluator while the chief writes the next one.
 CHECKPOINT_PREFIX = "ckpt"
@@ -29,7 +29,7 @@ POLL_SECONDS = 0.5
 def main(args, callbacks=()):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     task_type, index = resolver.task_type, resolver.task_id
-    train.emit("given", index, task_type=os.environ.get("TFDEPLOY_TASK_TYPE"),
+    common.emit("given", index, task_type=os.environ.get("TFDEPLOY_TASK_TYPE"),
                tf_config=json.loads(os.environ["TF_CONFIG"]))
     checkpoints = args.checkpoint_dir or os.path.join(args.output_dir, "checkpoints")
     if task_type in ("worker", "ps"):
@@ -46,7 +46,7 @@ def serve(resolver, task_type, index):
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type,
                                   task_index=index, protocol=resolver.rpc_layer or "grpc",
                                   start=True)
-    train.emit("serving", index, type=task_type)
+    common.emit("serving", index, type=task_type)
     server.join()
     return 0
 
@@ -55,7 +55,7 @@ def coordinate(args, resolver, checkpoints, callbacks):
     """The chief: model.fit under ParameterServerStrategy, a checkpoint each epoch."""
     cluster = resolver.cluster_spec().as_dict()
     workers = len(cluster.get("worker", []))
-    train.emit("start", 0, workers=workers, ps=len(cluster.get("ps", [])),
+    common.emit("start", 0, workers=workers, ps=len(cluster.get("ps", [])),
                run_id=os.environ.get("TFDEPLOY_RUN_ID"), type="chief", chief=True,
                epochs=args.epochs, steps_per_epoch=args.steps_per_epoch)
     # Variables larger than 64 KiB are split over the ps tasks.
@@ -66,20 +66,20 @@ def coordinate(args, resolver, checkpoints, callbacks):
     # Connecting to the cluster installs TensorFlow's preemption handler for SIGTERM: put the
     # default back so that stopping the run with TERM works.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    keras.utils.set_random_seed(train.SEED)
+    keras.utils.set_random_seed(common.SEED)
     with strategy.scope():
-        model = train.build_model(multi_input=False)
+        model = common.build_model(multi_input=False)
     # Each worker builds the dataset itself; model.fit under ParameterServerStrategy takes a
     # DatasetCreator (or a dataset) and needs steps_per_epoch (the data is infinite).
     dataset = keras.utils.experimental.DatasetCreator(
-        lambda context: train.make_dataset(
+        lambda context: common.make_dataset(
             context.get_per_replica_batch_size(args.batch_size * workers), multi_input=False))
     os.makedirs(checkpoints, exist_ok=True)
-    cbs = [train.JsonProgress(0), SaveCheckpoint(checkpoints),
-           train.TensorBoardScalars(os.path.join(args.output_dir, "tensorboard"))]
+    cbs = [common.JsonProgress(0), SaveCheckpoint(checkpoints),
+           common.TensorBoardScalars(os.path.join(args.output_dir, "tensorboard"))]
     model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
               callbacks=cbs + list(callbacks), verbose=0)
-    train.emit("done", 0)
+    common.emit("done", 0)
     return 0
 
 
@@ -95,16 +95,16 @@ class SaveCheckpoint(keras.callbacks.Callback):
         if self.checkpoint is None:
             self.checkpoint = tf.train.Checkpoint(model=self.model)
         path = self.checkpoint.save(os.path.join(self.directory, CHECKPOINT_PREFIX))
-        train.emit("checkpoint", 0, epoch=epoch + 1, path=path)
+        common.emit("checkpoint", 0, epoch=epoch + 1, path=path)
 
 
 def evaluate(args, checkpoints, index):
     """The evaluator: each new checkpoint restored into a local model and evaluated on a fixed
     held-out set, until the last epoch's. Prints plain lines (not epoch events: its loss is
     not the training loss)."""
-    keras.utils.set_random_seed(train.SEED + 1)
-    model = train.build_model(multi_input=False)
-    x, y = train.synthetic_data()
+    keras.utils.set_random_seed(common.SEED + 1)
+    model = common.build_model(multi_input=False)
+    x, y = common.synthetic_data()
     held_out = tf.data.Dataset.from_tensor_slices((x[-512:], y[-512:])).batch(64)
     checkpoint = tf.train.Checkpoint(model=model)
     print("evaluator: waiting for checkpoints in %s" % checkpoints, flush=True)
