@@ -16,6 +16,7 @@ import pytest
 
 from procs import processes_of_run, wait_until_gone
 from sshlab import SshLab
+from test_train import inv, only_run
 
 pytestmark = pytest.mark.integration
 
@@ -54,17 +55,6 @@ def ps_setup(ps_lab, tmp_path):
         "sys.exit(train.main(callbacks=[Hold()]))\n")
     checkpoints = tmp_path / "checkpoints"     # what the chief and the evaluator both see
     return inventory, hosts, payload, checkpoints
-
-
-def inv(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300, **kw)
-
-
-def only_run(runs: Path) -> Path:
-    found = [p for p in runs.iterdir() if p.is_dir()]
-    assert len(found) == 1, found
-    return found[0]
 
 
 def events(log: str, kind: str) -> list[dict]:
