@@ -1,1 +1,0 @@
-"""tfdeploy: train TensorFlow across bare machines over SSH. `tasks.py` is the command line."""

@@ -1,1 +1,0 @@
-"""What people see: the live view, tables and messages, drawn with rich."""
