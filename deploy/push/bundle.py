@@ -116,10 +116,13 @@ def checked_payload(payload: Path, entry: str) -> list[Path]:
 
 
 def manifest(payload: Path, entry: str, hashes: HashCache | None = None,
-             ) -> tuple[FileEntry, ...]:
-    """Every file that travels, with its content hash. Checks the payload and the entry."""
+             walked: list[Path] | None = None) -> tuple[FileEntry, ...]:
+    """Every file that travels, with its content hash. Checks the payload and the entry,
+    unless `walked` gives the files checked_payload already found."""
     hashes = hashes or HashCache()
-    return tuple(file_entry(payload, rel, hashes) for rel in checked_payload(payload, entry))
+    if walked is None:
+        walked = checked_payload(payload, entry)
+    return tuple(file_entry(payload, rel, hashes) for rel in walked)
 
 
 def manifest_document(files: tuple[FileEntry, ...]) -> dict:

@@ -90,13 +90,17 @@ def _located(inventory: Inventory, host: Host):
 class DataPush:
     """Every local data directory of the inventory, hashed once however many hosts use it."""
 
-    def __init__(self, inventory: Inventory, hash_cache: Path | None = None):
+    def __init__(self, inventory: Inventory, hash_cache: Path | None = None,
+                 walked: dict[str, tuple[Host, list[Path]]] | None = None):
+        """`walked`: local_data(inventory), when it was already called."""
         # Saved only after a push that reached every host (as the payload's hashes are).
         self.hashes = HashCache(hash_cache)
         self.trees: dict[str, DataTree] = {}
-        for path, (host, walked) in local_data(inventory).items():
+        if walked is None:
+            walked = local_data(inventory)
+        for path, (host, files) in walked.items():
             with _located(inventory, host):
-                self.trees[path] = DataTree.of(Path(path), self.hashes, walked)
+                self.trees[path] = DataTree.of(Path(path), self.hashes, files)
         self.streams = SharedStreams()
 
     def resolved(self, inventory: Inventory) -> Inventory:

@@ -28,12 +28,13 @@ class PayloadPush:
     """One run's payload: its manifest and stage are built before any host is touched, so a
     bad payload (missing entry, symlink out of it) changes nothing anywhere."""
 
-    def __init__(self, payload: Path, entry: str, run_id: str, hash_cache: Path | None = None):
+    def __init__(self, payload: Path, entry: str, run_id: str, hash_cache: Path | None = None,
+                 walked: list[Path] | None = None):
         self.payload = payload
         # Saved only after a push that reached every host: nothing is written here before
         # then, and files of a failed push still count as changed (they ride along again).
         self.hashes = HashCache(hash_cache)
-        self.files: tuple[FileEntry, ...] = manifest(payload, entry, self.hashes)
+        self.files: tuple[FileEntry, ...] = manifest(payload, entry, self.hashes, walked)
         self.stage = stage_tar(run_id, self.files, self.riders(self.hashes.changed), payload)
         self.streams = SharedStreams()
 

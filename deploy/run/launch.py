@@ -36,12 +36,14 @@ from deploy.state.record import (
 
 def train(inventory: Inventory, options: Options, settings: RunSettings,
           console: Console) -> int:
-    refuse_bad_input(inventory, options, settings.runs_dir)
+    walked = refuse_bad_input(inventory, options, settings.runs_dir)
     run_id = new_run_id()
     payload = PayloadPush(Path(options.payload), options.entry, run_id,
-                          hash_cache=settings.runs_dir / "payload-hashes.json")
+                          hash_cache=settings.runs_dir / "payload-hashes.json",
+                          walked=walked.payload)
     with console.status("hashing the data directories…"):
-        data = DataPush(inventory, hash_cache=settings.runs_dir / "data-hashes.json")
+        data = DataPush(inventory, hash_cache=settings.runs_dir / "data-hashes.json",
+                        walked=walked.data)
     # From here on every local data source is named by its content: the plan, the record and
     # any relaunch use the same TFDEPLOY_DATA_DIR.
     inventory = data.resolved(inventory)

@@ -5,13 +5,15 @@ directory. `inv train` checks through here before it touches anything, and `inv 
 refuse the same input.
 
 The payload and data are walked (names, kinds, symlinks, permissions, ignore rules), not
-hashed: hashing is the push's work, and a dry run stays quick on a large dataset.
+hashed: hashing is the push's work, and a dry run stays quick on a large dataset. What was
+walked is returned, so that a real run's push hashes those files instead of walking again.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.inventory.model import Inventory
+from deploy.inventory.model import Host, Inventory
 from deploy.plan.lints import refuse_problems
 from deploy.plan.planner import Options
 from deploy.push.bundle import checked_payload
@@ -19,10 +21,16 @@ from deploy.push.data import local_data
 from deploy.state.localdir import check_runs_dir
 
 
-def refuse_bad_input(inventory: Inventory, options: Options, runs_dir: Path) -> None:
+@dataclass(frozen=True)
+class Walked:
+    payload: list[Path]                              # the payload's files that travel
+    data: dict[str, tuple[Host, list[Path]]]         # local data directories (local_data)
+
+
+def refuse_bad_input(inventory: Inventory, options: Options, runs_dir: Path) -> Walked:
     """BadInput for the first thing a run would refuse; nothing is written anywhere."""
     payload = Path(options.payload)
-    checked_payload(payload, options.entry)
-    local_data(inventory)
+    walked = Walked(checked_payload(payload, options.entry), local_data(inventory))
     check_runs_dir(runs_dir)
     refuse_problems(inventory, payload)
+    return walked
