@@ -25,7 +25,7 @@ import sys
 import time
 
 from deploy.host.layout import BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run
-from deploy.host.rundir import run_id_of, write_json_atomic
+from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 
 MARKER = "tfdeploy-env.json"
 # Distribution names whose versions the setup table shows.
@@ -55,10 +55,8 @@ def wanted(rundir):
 
 
 def ready(envdir, want):
-    try:
-        with open(os.path.join(envdir, MARKER)) as f:
-            have = json.load(f)
-    except (OSError, ValueError):
+    have = read_json(os.path.join(envdir, MARKER))
+    if not isinstance(have, dict):
         return False
     return all(have.get(k) == v for k, v in want.items()) and os.path.exists(
         os.path.join(envdir, "bin", "python"))

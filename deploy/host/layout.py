@@ -24,7 +24,12 @@ Everything is created with umask 077: nothing here is readable or writable by ot
 Paths are joined with "/" so that a leading `~/` stays for the host's shell to expand.
 """
 
+import re
+
 RUNS = "runs"
+# What a run id looks like (the controller's new_run_id makes them): it names directories
+# here and on every host, so nothing else is taken for one.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 CACHE = "cache"
 DATA = "data"
 ENVS = "envs"

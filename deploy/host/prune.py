@@ -25,13 +25,12 @@ import time
 from deploy.host.cache import HEX64
 from deploy.host.check import unsafe_workdir
 from deploy.host.layout import (
-    BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUNS, task_file, task_keys
+    BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUN_ID, RUNS, task_file, task_keys
 )
 from deploy.host.rundir import read_json
 from deploy.host.share import member_tasks
 from deploy.host.teardown import group_members
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ENV_KEY = re.compile(r"^[0-9a-f]{16,64}$")
 
 

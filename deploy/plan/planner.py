@@ -24,11 +24,11 @@ from deploy.plan.ports import ports_to_probe
 # (umask 077: private; each file written beside and renamed into place, since hosts sharing the
 # workdir unpack the same files at once and one may be running the host package already), and
 # become the host package's push verb (`push` for the payload, `data-push` for data), which
-# answers
-# what the cache lacks and then reads exactly that on the same stdin. Nothing beyond the stage
-# is on stdin before that answer, so nothing read ahead is lost by the exec. One command per
-# push: every command costs the host a login shell. `-S`: a push needs the standard library
-# only, and site-packages can take longer to set up than the push of an unchanged payload.
+# answers what the cache lacks and then reads exactly that on the same stdin. Nothing beyond
+# the stage is on stdin before that answer, so nothing read ahead is lost by the exec. One
+# command per push: every command costs the host a login shell. `-S`: a push needs the
+# standard library only, and site-packages can take longer to set up than the push of an
+# unchanged payload.
 PUSH_BOOTSTRAP = inspect.getsource(unsafe_workdir) + """\
 import io,os,pwd,stat,sys,tarfile
 os.umask(0o77);d=sys.argv[2];i=sys.stdin.buffer.raw;n=int(i.readline());s=bytearray()

@@ -19,7 +19,6 @@ import enum
 import fcntl
 import json
 import os
-import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.errors import BadInput
+from deploy.host.layout import RUN_ID
 from deploy.inventory.datasource import DataSource
 from deploy.inventory.load import MAX_WORKERS_PER_HOST, workdir_problem
 from deploy.inventory.model import ROLES, Host, Inventory
@@ -42,8 +42,6 @@ MAX_RECORD_BYTES = 16 << 20
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
                "host_key_policy", "python", "workdir", "cluster_address", "workers",
                "own_python", "gpus", "data", "ssh_config", "jump", "target", "via", "role")
-# What new_run_id makes: a run id names directories here and on every host.
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 # The types a recorded host field may have, checked when read: a record edited out of shape
@@ -363,8 +361,9 @@ def _host(fields: dict) -> Host:
         raise ValueError(f"host field 'workers' cannot be {workers!r}")
     if fields.get("role", "worker") not in ROLES:
         raise ValueError(f"host field 'role' cannot be {fields['role']!r}")
-    if workdir_problem(workdir):
-        raise ValueError(f"host field 'workdir' {workdir_problem(workdir)}")
+    problem = workdir_problem(workdir)
+    if problem:
+        raise ValueError(f"host field 'workdir' {problem}")
     gpus, target = fields.get("gpus"), fields.get("target")
     return Host(**{**fields, "gpus": tuple(gpus) if isinstance(gpus, list) else gpus,
                    "data": DataSource.of(fields.get("data")),
