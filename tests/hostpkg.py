@@ -1,11 +1,18 @@
-"""The host package as the tests run it: the same zip that travels, in a run directory."""
+"""The host package as the tests run it: the same zip that travels, in a run directory; and a
+host's agent started locally exactly as the controller starts one (deploy/ssh/agent.py over
+the local transport: real processes and pipes, no network)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from deploy.host.layout import HOST_ZIP
-from deploy.push.hostzip import host_zip
+from deploy.inventory.load import parse_inventory
+from deploy.inventory.model import Host
+from deploy.plan.command import Request
+from deploy.ssh.agent import HostAgent
+from deploy.ssh.hostzip import host_zip
+from deploy.ssh.transport import LocalTransport
 
 
 def place(rundir: Path) -> Path:
@@ -19,3 +26,33 @@ def place(rundir: Path) -> Path:
 def command(rundir: Path) -> list[str]:
     """`python -I <rundir>/tfdeploy-host.zip`: add the verb and its arguments."""
     return [sys.executable, "-I", str(place(rundir))]
+
+
+def local_host(workdir: str = "~/.tfdeploy", name: str = "h") -> Host:
+    return parse_inventory(
+        f"hosts:\n  - {{name: {name}, transport: local, workdir: '{workdir}', "
+        f"python: '{sys.executable}'}}\n", "hosts.yaml", {}).hosts[0]
+
+
+class LocalAgent:
+    """A host's agent on this machine; ask() sends a request and waits for its answer
+    (StepFailed when the host answers with an error)."""
+
+    def __init__(self, host: Host | None = None):
+        self.host = host or local_host()
+        self.transport = LocalTransport(self.host)
+        self.agent = HostAgent(self.host, self.transport)
+
+    def ask(self, verb: str, *args: str, body: bytes = b"", timeout: float = 30,
+            **env: str) -> dict:
+        return self.agent.ask(Request(verb, tuple(map(str, args))), verb, body,
+                              **env).wait(timeout)
+
+    def close(self) -> None:
+        self.agent.close()
+
+    def __enter__(self) -> "LocalAgent":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -6,18 +6,15 @@ again, `supervise`), which records its exit code: a dropped SSH connection ends 
 teardown (teardown.py) finds every process by its group and the run id in its environment.
 """
 import base64
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-from deploy.host.frames import write_frame
 from deploy.host.layout import HOST_ZIP, in_run, task_file
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
-from deploy.host.teardown import group_exists, group_members, stop
+from deploy.host.teardown import group_exists, group_members
 
 MAX_CHUNK = 1 << 20
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
@@ -39,20 +36,21 @@ def ends_with_newline(path):
         return f.read(1) == b"\n"
 
 
-def launch(rundir, task, cwd, argv, prefer=None):
-    doc = json.load(sys.stdin)
+def launch(rundir, task, cwd, argv, prefer, variables):
+    """Start the task detached with the environment `variables` on top of this one's
+    (ARGV[0] becomes `prefer` where that exists)."""
     # The data directory is the user's (remote) or placed by the data push: made empty here,
     # a mistyped path would train on nothing without a word.
-    data = doc["env"].get("TFDEPLOY_DATA_DIR")
+    data = variables.get("TFDEPLOY_DATA_DIR")
     if data is not None and not os.path.isdir(os.path.expanduser(data)):
         raise SystemExit("TFDEPLOY_DATA_DIR %s is not a directory on this host (field 'data' "
                          "of the inventory)" % data)
-    attempt = int(doc["env"].get("TFDEPLOY_ATTEMPT", "1"))
+    attempt = int(variables.get("TFDEPLOY_ATTEMPT", "1"))
     set_aside(rundir, task, attempt)
     if prefer and os.path.isfile(os.path.expanduser(prefer)):
         argv = [os.path.expanduser(prefer)] + argv[1:]
     env = dict(os.environ)
-    for key, value in doc["env"].items():
+    for key, value in variables.items():
         if key in PATH_VARS:
             value = os.path.expanduser(value)
         env[key] = value
@@ -141,37 +139,15 @@ def poll(rundir, offsets, thorough=True):
     return {"tasks": tasks}
 
 
-def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
-    """Stream changes as they happen, log bytes as they are (frames.py). One long-lived
-    process is far cheaper than a new process per poll, which matters on hosts whose cores
-    are busy training. The heartbeat makes a follower whose reader went away notice it
-    (broken pipe) and exit.
-
-    It also takes `stop GRACE` lines on stdin and answers {"stopped": ...}: this process is
-    already running, so a stop sent through it acts at once, where a new command would first
-    wait for a Python to start on a host whose cores are busy training (seconds)."""
+def follow(rundir, offsets, send, interval=0.1):
+    """Call send(doc, chunks) with every change as it happens, log bytes as they are
+    (frames.py), until every task has ended and its log is read. It runs inside the host's
+    agent (serve.py), which is already running: a stop asked meanwhile acts at once, where a
+    new command would first wait for a Python to start on a host whose cores are busy
+    training (seconds)."""
     run_id_of(rundir)  # refuse a directory that is not a run's, once
     offsets = dict(offsets)
     last = {}
-    out = threading.Lock()
-    stopping = threading.Lock()
-
-    def send(doc, chunks=None):
-        with out:
-            write_frame(sys.stdout.buffer, doc, chunks)
-
-    def commands():
-        try:
-            for line in sys.stdin:
-                words = line.split()
-                if len(words) == 2 and words[0] == "stop":
-                    with stopping:
-                        send({"stopped": stop(rundir, float(words[1]))})
-        except (OSError, ValueError):
-            pass  # the reader went away; the heartbeat ends us
-
-    threading.Thread(target=commands, daemon=True).start()
-    last_write = time.time()
     while True:
         tasks = statuses(rundir, offsets, thorough=False)
         changed, chunks = {}, {}
@@ -183,13 +159,10 @@ def follow(rundir, offsets, interval=0.1, heartbeat=2.0):
                 if data:
                     chunks[task] = data
             last[task] = key
-        now = time.time()
-        if changed or now - last_write > heartbeat:
+        if changed:
             send({"tasks": changed}, chunks)
-            last_write = now
         if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
                for s, _ in tasks.values()):
-            with stopping:   # a stop in progress still gets to answer
-                return None
+            return
         if not any(s["offset"] < s["size"] for s, _ in tasks.values()):
             time.sleep(interval)

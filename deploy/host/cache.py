@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 
 from deploy.host import share
@@ -277,27 +276,3 @@ def _link(source, dest):
         return True
     except OSError:  # a filesystem without hard links: copy instead
         return False
-
-
-def push(rundir, cache, stdin, stdout, member=None):
-    """`want`, answered at once as a line on `stdout`; then, unless payload/ was assembled
-    already, `receive` of exactly the missing files from the same `stdin`: one command per
-    push (the stage was unpacked by the command's bootstrap, deploy/plan/planner.py)."""
-    answer = want(rundir, cache, member)
-    stdout.write(json.dumps(answer) + "\n")
-    stdout.flush()
-    if answer.get("assembled"):
-        return None
-    return receive(rundir, cache, stdin)
-
-
-def main(verb, args):
-    rundir, cache = args[0], os.path.expanduser(args[1])
-    try:
-        if verb == "want":
-            return want(rundir, cache)
-        if verb == "push":
-            return push(rundir, cache, sys.stdin.buffer, sys.stdout, args[2:4] or None)
-        return receive(rundir, cache, sys.stdin.buffer)
-    except (CacheError, OSError, ValueError, KeyError) as exc:
-        raise SystemExit("payload %s: %s" % (verb, exc))

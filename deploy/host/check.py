@@ -1,23 +1,20 @@
-"""The host side of `inv check` and of `inv train`'s port choice: sent to the host's Python on
-stdin (`python3 - VERB ARGS`), so asking writes nothing on the host. Standard library only,
-like the rest of deploy/host.
+"""The host side of `inv check` and of `inv train`'s port choice, asked through the host's
+agent (serve.py), which runs from memory: asking writes nothing on the host. Standard library
+only, like the rest of deploy/host.
 
-Verbs (each prints one JSON document on stdout):
-    probe WORKDIR COUNT [DATA]  python, package versions (read from installed metadata:
+    probe(WORKDIR, COUNT, DATA)  python, package versions (read from installed metadata:
                           importing TensorFlow would take seconds), free disk under WORKDIR,
                           COUNT free TCP ports, whether the host has IPv6, and whether the
-                          directory DATA (an inventory `data: {remote: ...}`) can be read
-    mesh SPEC             listen on this host's task ports, connect to the other tasks' ports,
-                          report what answered; SPEC is JSON (see mesh()). Driven by the
-                          controller, it runs as `python -I -c BOOT mesh SPEC` (checks.py):
-                          its source comes first on stdin, the phases' commands after it
-    ports COUNT           COUNT free TCP ports, distinct from each other
+                          directory DATA (an inventory `data: {remote: ...}`) can be read; also
+                          run by another interpreter as `python -I - probe ...` (main())
+    mesh(SPEC)            listen on this host's task ports, connect to the other tasks' ports,
+                          report what answered (see mesh()), in phases the controller drives
+    free_ports(COUNT)     COUNT free TCP ports, distinct from each other
 """
 import json
 import os
 import pwd
 import queue
-import signal
 import socket
 import stat
 import sys
@@ -204,33 +201,12 @@ def reach(address, port, expect_host, nonce, deadline, attempt):
 DIALERS = 8
 
 
-def commands(stream):
-    """The controller's phase commands ("dial", "close"), read from `stream` as they come;
-    None once it ends."""
-    lines = queue.Queue()
-
-    def read():
-        try:
-            for line in stream:
-                lines.put(line.decode("ascii", "replace").strip())
-        except (OSError, ValueError):
-            pass
-        lines.put(None)
-    threading.Thread(target=read, daemon=True).start()
-    return lines
-
-
 def wait_for(lines, deadline):
-    """The next command, or None when the stream ended or the deadline passed."""
+    """The next command, or None when the controller is gone or the deadline passed."""
     try:
         return lines.get(timeout=max(0.0, deadline - time.monotonic()))
     except queue.Empty:
         return None
-
-
-def say(doc):
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
 
 
 def dial_all(targets, nonce, attempt, retry_until):
@@ -255,14 +231,14 @@ def dial_all(targets, nonce, attempt, retry_until):
     return results, threads
 
 
-def mesh(spec, stream=None):
+def mesh(spec, lines=None, say=None):
     """spec: {"host", "nonce", "window", "attempt", "listen": {port: expected connections},
     "targets": [[address, port, host], ...], "driven": deadline (optional)}.
 
-    Driven by the controller (`driven` seconds at most, commands on `stream`): listen on
-    every port and say {"listening": ...}; on "dial", dial every target (each one for the
-    window at most) and say {"dialed": ...};
-    on "close" (or the stream's end, or the deadline) close and answer. Every host listens
+    Driven by the controller (`driven` seconds at most, its commands arriving on the queue
+    `lines`, answers given to `say`): listen on every port and say {"listening": ...}; on
+    "dial", dial every target (each one for the window at most) and say {"dialed": ...};
+    on "close" (or None: the controller is gone, or the deadline) close and answer. Every host listens
     before any host dials, however long the hosts took to start.
 
     Not driven: dial at once, trying a refused port again until the window ends (a peer may
@@ -270,8 +246,6 @@ def mesh(spec, stream=None):
     window, started = float(spec["window"]), time.monotonic()
     driven = spec.get("driven")
     deadline = started + (float(driven) if driven else window)
-    # A backstop: even if this process were stuck, the kernel ends it and frees its ports.
-    signal.alarm(int(max(window, deadline - started)) + 5)
     listen = {int(p): n for p, n in spec["listen"].items()}
     counts, lock, listeners, threads, bind_errors = {"stop": False}, threading.Lock(), [], [], {}
     for port in listen:
@@ -292,7 +266,6 @@ def mesh(spec, stream=None):
         t.start()
     attempt = float(spec["attempt"])
     if driven:
-        lines = commands(stream)
         say({"listening": sorted(listen), "bind_errors": bind_errors})
         dial = wait_for(lines, deadline) == "dial"
         targets = spec["targets"] if dial else []
@@ -328,22 +301,11 @@ def mesh(spec, stream=None):
 
 
 def main(argv):
-    verb, args = argv[0], argv[1:]
-    if verb == "probe":
-        out = probe(args[0], int(args[1]), *args[2:3])
-    elif verb == "mesh":
-        out = mesh(json.loads(args[0]), sys.stdin.buffer)
-    elif verb == "ports":
-        out = {"ports": free_ports(int(args[0]))}
-    else:
-        raise SystemExit("unknown verb %r" % verb)
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
-    # Nothing is left to clean up once the answer is out. Ending here skips the interpreter's
-    # finalization, during which a daemon thread still inside a socket read (a mesh caller or
-    # listener that timed out its join) can abort the process with "Fatal Python error: ...
-    # <no Python frame>" after the answer was written.
-    os._exit(0)
+    """`python -I - probe WORKDIR COUNT [DATA]`: the probe run by another interpreter than the
+    agent's (the environment `inv setup` built), with this file on its stdin."""
+    if argv[:1] != ["probe"]:
+        raise SystemExit("unknown verb %r" % argv[:1])
+    sys.stdout.write(json.dumps(probe(argv[1], int(argv[2]), *argv[3:4])) + "\n")
 
 
 if __name__ == "__main__":

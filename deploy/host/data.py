@@ -10,19 +10,16 @@ It reuses the verified file cache and the atomic assembly of cache.py.
                                      the same files. Outside every run directory: teardown never
                                      deletes it, and the next run with the same data finds it.
 
-Verbs (main.py names them data-want, data-receive, data-push):
-    want RUNDIR DATADIR CACHE      <rundir>/data-manifest.json: which contents the cache lacks;
+Asked by the agent (serve.py: the requests data-push, then data-receive):
+    want(RUNDIR, DATADIR, CACHE)   <rundir>/data-manifest.json: which contents the cache lacks;
                                    when it lacks none, DATADIR is assembled at once
-    receive RUNDIR DATADIR CACHE   those contents on stdin (cache.py's file stream): verify,
+    receive(RUNDIR, DATADIR, CACHE, STREAM)   those contents (cache.py's file stream): verify,
                                    cache, assemble DATADIR
-    push RUNDIR DATADIR CACHE      want, answered as a line; then, unless DATADIR is there
-                                   already, receive on the same stdin (one command per push)
 """
 import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 from deploy.host import cache as cache_files
@@ -90,28 +87,3 @@ def receive(rundir, datadir, cache, stream):
         raise
     place(tmp, datadir)
     return dict(answer, present=False)
-
-
-def push(rundir, datadir, cache, stdin, stdout):
-    answer = want(rundir, datadir, cache)
-    stdout.write(json.dumps(answer) + "\n")
-    stdout.flush()
-    if answer["present"] or answer.get("assembled"):
-        return None
-    return receive(rundir, datadir, cache, stdin)
-
-
-def main(argv):
-    verb, rundir, datadir, cache = argv[0], *(os.path.expanduser(a) for a in argv[1:4])
-    try:
-        if verb == "want":
-            out = want(rundir, datadir, cache)
-        elif verb == "push":
-            out = push(rundir, datadir, cache, sys.stdin.buffer, sys.stdout)
-        elif verb == "receive":
-            out = receive(rundir, datadir, cache, sys.stdin.buffer)
-        else:
-            raise SystemExit("unknown verb %r" % verb)
-    except (cache_files.CacheError, OSError, ValueError, KeyError) as exc:
-        raise SystemExit("data %s: %s" % (verb, exc))
-    return out

@@ -1,6 +1,6 @@
 """Host side of `inv prune`: free what no run needs any more, inside the workdir's own layout.
 
-    prune WORKDIR HOST AGE [dry]    keep (JSON on stdin): {"files": [sha256...], "envs": [key...],
+    prune(WORKDIR, HOST, KEEP, AGE, dry)    KEEP (JSON with the request): {"files": [sha256...], "envs": [key...],
                                "runs": [run id...]}, what the controller knows is needed (the
                                current payload, its environment, the runs it has records of)
 
@@ -15,11 +15,9 @@ environment keys); symbolic links are never followed. The answer says per kind w
 would go, with `dry`): counts and bytes.
 """
 import collections
-import json
 import os
 import re
 import shutil
-import sys
 import time
 
 from deploy.host.cache import HEX64
@@ -156,11 +154,3 @@ def prune(workdir, host, keep, age, dry, now=None):
         if not dry:
             shutil.rmtree(path, ignore_errors=True)
     return {kind: {"count": c, "bytes": b} for kind, (c, b) in freed.items()}
-
-
-def main(argv, stdin):
-    """`host`: the inventory host this is, whose tasks' exit is judged here."""
-    workdir, host, age = argv[0], argv[1], float(argv[2])
-    keep = json.load(stdin)
-    out = prune(workdir, host, keep, age, dry=argv[3:4] == ["dry"])
-    sys.stdout.write(json.dumps(out) + "\n")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import deploy.host.check
 from deploy.inventory.model import Host
-from deploy.plan.command import Command, HostPath, Shell
-from deploy.plan.planner import CHECK_STDIN
+from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
 
 HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
@@ -22,10 +21,6 @@ MESH_WINDOW = 5.0
 # The whole mesh probe on a host, its three phases (listen, dial, close) together, ends by
 # then whatever the controller does: long enough for many hosts to start their probes.
 MESH_DEADLINE = 120.0
-# The mesh probe's python reads its source from stdin by length, then the phases' commands
-# (`python -` would read stdin to its end before running anything).
-MESH_BOOT = ("import sys; s = sys.stdin.buffer; "
-             "exec(compile(s.read(int(s.readline())), 'check.py', 'exec'))")
 MESH_ATTEMPT = 2.0     # one connection attempt; a firewall that drops packets times out here
 INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 
@@ -66,30 +61,21 @@ def tf_label(host: Host) -> str:
     return f"{host.name} ({host.tf_address})"
 
 
-def probe_command(host: Host, env_python: str | None = None) -> Command:
-    """The host's python reads deploy/host/check.py from stdin: nothing is written on the host.
-    With `env_python` (the environment of `inv setup`), that one answers where it exists,
-    since it is what the tasks will run."""
-    args = ("-I", "-", "probe", HostPath(host.workdir), str(ports_to_probe(host)))
-    if host.data is not None and host.data.kind == "remote":
-        args += (HostPath(host.data.path),)     # tasks will read it: can they?
-    python = HostPath(host.python)
-    if env_python:
-        env = HostPath(env_python)
-        return Command((Shell("if [ -x"), env, Shell("]; then"), env, *args, Shell("; else"),
-                        python, *args, Shell("; fi")), stdin=CHECK_STDIN)
-    return Command((python, *args), stdin=CHECK_STDIN)
+def probe_request(host: Host, env_python: str | None = None) -> Request:
+    """The probe, asked of the host's agent. With `env_python` (the environment of `inv
+    setup`), that interpreter answers where it exists, since it is what the tasks will run; it
+    reads deploy/host/check.py on its stdin, which comes with the request."""
+    data = HostPath(host.data.path) if host.data is not None and host.data.kind == "remote" \
+        else ""                                  # tasks will read it: can they?
+    return Request("probe", (HostPath(host.workdir), str(ports_to_probe(host)), data,
+                             HostPath(env_python) if env_python else ""),
+                   body="deploy/host/check.py, for the environment's python" if env_python else "")
 
 
-def mesh_command(host: Host, spec: dict) -> Command:
-    return Command((HostPath(host.python), "-I", "-c", MESH_BOOT, "mesh",
-                    json.dumps(spec, separators=(",", ":"))),
-                   stdin=f"the length of {CHECK_STDIN}, it, then the phases: dial, close")
-
-
-def mesh_stdin(source: bytes) -> bytes:
-    """What the mesh probe's python reads first: its source, headed by its length."""
-    return b"%d\n" % len(source) + source
+def mesh_requests(spec: dict) -> tuple[Request, Request, Request]:
+    """The mesh probe's phases on one host: listen (with its SPEC), dial, close."""
+    return (Request("mesh-listen", (json.dumps(spec, separators=(",", ":")),)),
+            Request("mesh-dial"), Request("mesh-close"))
 
 
 def judge_probe(check: HostCheck, answer: dict) -> None:

@@ -76,6 +76,39 @@ class Command:
         return json.dumps({"env": {**values, **extra}}).encode()
 
 
+@dataclass(frozen=True)
+class Request:
+    """One step for a host's agent (deploy/host/serve.py), which runs for the whole run and
+    takes requests on its channel: a verb, its words (a HostPath word is expanded against the
+    host's home there, every other word is a literal value), the environment its program gets
+    (never shown: values travel only in the request) and what comes with it."""
+    verb: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, EnvValue] = field(default_factory=dict)
+    body: str = ""           # a short description of the bytes that follow it; "": none
+
+    def shown(self) -> str:
+        """What --dry-run prints: the verb, its words as a shell would quote them, and after
+        `<` what comes with it."""
+        words = " ".join(_quoted(word) for word in (self.verb, *self.args))
+        return f"agent: {words}" + (f"    < {self.body}" if self.body else "")
+
+    def shown_env(self) -> dict[str, str]:
+        return {key: value.shown() for key, value in self.env.items()}
+
+    def __repr__(self) -> str:
+        return f"Request({self.verb!r}, {self.args!r}, env={self.shown_env()!r})"
+
+    def wire(self, **extra_env: str) -> dict:
+        """The request as the agent reads it, with the real environment values and `extra_env`
+        on top. For the wire only."""
+        doc = {"verb": self.verb, "args": list(self.args),
+               "home": [i for i, word in enumerate(self.args) if isinstance(word, HostPath)]}
+        if self.env or extra_env:
+            doc["env"] = {**{key: value.value for key, value in self.env.items()}, **extra_env}
+        return doc
+
+
 def split_args(text: str) -> list[str]:
     """The `--args` string as the user's shell would split it; BadInput when unbalanced."""
     try:

@@ -5,57 +5,28 @@ the tests compare it with golden files.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from dataclasses import dataclass
 from typing import Mapping
 
 from deploy.host import layout
-from deploy.host.check import unsafe_workdir
 from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
-from deploy.plan.command import Command, HostPath, Shell
+from deploy.plan.command import Command, HostPath, Request
 from deploy.plan.ports import ports_to_probe
 
-# A push, run by the host's python as `-c` before the host package is there: read the stage
-# (a line with its length, then the tar.gz) unbuffered, refuse an unsafe workdir before writing
-# anything (check.py's unsafe_workdir, its source included), unpack the stage into the run dir
-# (umask 077: private; each file written beside and renamed into place, since hosts sharing the
-# workdir unpack the same files at once and one may be running the host package already), and
-# become the host package's push verb (`push` for the payload, `data-push` for data), which
-# answers what the cache lacks and then reads exactly that on the same stdin. Nothing beyond
-# the stage is on stdin before that answer, so nothing read ahead is lost by the exec. One
-# command per push: every command costs the host a login shell. `-S`: a push needs the
-# standard library only, and site-packages can take longer to set up than the push of an
-# unchanged payload.
-PUSH_BOOTSTRAP = inspect.getsource(unsafe_workdir) + """\
-import io,os,pwd,stat,sys,tarfile
-os.umask(0o77);d=sys.argv[2];i=sys.stdin.buffer.raw;n=int(i.readline());s=bytearray()
-while len(s)<n:
- c=i.read(n-len(s))
- if not c:raise SystemExit("stage cut short")
- s+=c
-u=unsafe_workdir(os.path.dirname(os.path.dirname(d)))
-if u:raise SystemExit(u)
-t=tarfile.open(fileobj=io.BytesIO(s),mode="r:gz")
-for m in t.getmembers():
- if not m.isfile() or m.name.startswith("/") or ".." in m.name.split("/"):raise SystemExit("bad stage entry %%r"%%m.name)
- f=os.path.join(d,m.name);x="%%s.%%s"%%(f,os.urandom(6).hex());os.makedirs(os.path.dirname(f),exist_ok=True)
- with open(x,"wb") as o:o.write(t.extractfile(m).read())
- os.replace(x,f)
-p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % layout.HOST_ZIP
+# The agent's python runs what comes first on its stdin (deploy/host/boot.py, headed by its
+# length), which loads the host package from memory and serves requests (deploy/host/serve.py).
+# `python -` would read stdin to its end before running anything.
+AGENT_BOOT = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 
 
-def framed(stage: bytes) -> bytes:
-    """The stage as the push command reads it (planner.PUSH_BOOTSTRAP): its length on a line,
-    then the tar.gz, so that the files can follow on the same stdin."""
-    return b"%d\n" % len(stage) + stage
-
-
-# The stdin of the commands that run deploy/host/check.py without writing it on the host: the
-# port probe here, and the probe and mesh of `inv check` (checks.py).
-CHECK_STDIN = "deploy/host/check.py"
+def agent_command(host: Host) -> Command:
+    """The host's agent for the whole run: started once, asked every step as a Request."""
+    return Command((HostPath(host.python), "-I", "-c", AGENT_BOOT),
+                   stdin="deploy/host/boot.py and the host package, each headed by its length; "
+                         "then requests")
 
 
 @dataclass(frozen=True)
@@ -77,7 +48,7 @@ class TaskPlan:
     host: Host
     port: int | None
     tf_config: Mapping
-    launch: Command                  # its env is the task's environment
+    launch: Request                  # its env is the task's environment
     gpus: str | None = None          # "1": CUDA_VISIBLE_DEVICES=1; "all": every GPU; None
     role: str = "worker"             # TF_CONFIG's task type
     type_index: int = 0              # TF_CONFIG's task index: among the tasks of its type
@@ -111,12 +82,12 @@ class TaskPlan:
 class HostPlan:
     host: Host
     run_dir: str
-    push: Command
-    ports: Command
+    push: Request
+    ports: Request
     tasks: tuple[TaskPlan, ...]
     env_python: str | None = None     # used when it exists on the host, else host.python
     data_dir: str | None = None       # TFDEPLOY_DATA_DIR of its tasks
-    data_push: Command | None = None  # local data: the push of its files
+    data_push: Request | None = None  # local data: the push of its files
 
 
 @dataclass(frozen=True)
@@ -179,11 +150,19 @@ def env_python(host: Host, requirements_sha256: str | None) -> str | None:
 def host_agent(host: Host, rundir: str, verb: str, *args: str,
                tail: tuple[str, ...] = ()) -> Command:
     """`<python> -I <rundir>/tfdeploy-host.zip VERB RUNDIR ARGS... [-- TAIL...]`: the host
-    package, unpacked by the push, doing one verb on the run. `args` and `tail` are words as
-    the caller means them: a path on the host is a HostPath."""
+    package, unpacked by the push, doing one verb on the run as a command of its own (inv
+    setup's steps). `args` and `tail` are words as the caller means them: a path on the host
+    is a HostPath."""
     words = (HostPath(host.python), "-I", HostPath(in_run(rundir, layout.HOST_ZIP)), verb,
              HostPath(rundir), *args)
     return Command(words + (("--", *tail) if tail else ()))
+
+
+def run_request(rundir: str, verb: str, *args: str, tail: tuple[str, ...] = (),
+                env: Mapping[str, EnvValue] | None = None, body: str = "") -> Request:
+    """A request to the agent about the run in `rundir`: VERB RUNDIR ARGS... [-- TAIL...]."""
+    return Request(verb, (HostPath(rundir), *args) + (("--", *tail) if tail else ()),
+                   env or {}, body)
 
 
 def task_offsets(offsets: Mapping[str, int]) -> list[str]:
@@ -197,58 +176,64 @@ def host_offsets(hp: "HostPlan", offsets: Mapping[int, int]) -> dict[str, int]:
     return {t.key: offsets[t.index] for t in hp.tasks}
 
 
-def poll_command(host: Host, rundir: str, offsets: Mapping[str, int]) -> Command:
-    return host_agent(host, rundir, "poll", *task_offsets(offsets))
+def poll_request(rundir: str, offsets: Mapping[str, int]) -> Request:
+    return run_request(rundir, "poll", *task_offsets(offsets))
 
 
-def follow_command(host: Host, rundir: str, offsets: Mapping[str, int]) -> Command:
-    return host_agent(host, rundir, "follow", *task_offsets(offsets))
+def follow_request(rundir: str, offsets: Mapping[str, int]) -> Request:
+    return run_request(rundir, "follow", *task_offsets(offsets))
 
 
-def stop_command(host: Host, rundir: str, grace: float) -> Command:
-    return host_agent(host, rundir, "stop", f"{grace:g}")
+def credit_request(follow: int) -> Request:
+    """Lets the follow of request id `follow` send one more frame."""
+    return Request("credit", (str(follow),))
 
 
-def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
+def stop_request(rundir: str, grace: float) -> Request:
+    return run_request(rundir, "stop", f"{grace:g}")
+
+
+def cleanup_request(host: Host, rundir: str, grace: float) -> Request:
     """Stop, and delete the run directory once no other host sharing it (one workdir on an NFS
     home) still uses it; a host that never got the run (its push failed) has nothing to clean
     and answers so, instead of failing."""
-    cleanup = host_agent(host, rundir, "cleanup", f"{grace:g}", host.name)
-    nothing = json.dumps({"survivors": [], "absent": True})
-    return Command((Shell("if [ -f"), HostPath(in_run(rundir, layout.HOST_ZIP)), Shell("]; then"),
-                    *cleanup.argv, Shell("; else"), "printf", "%s\\n", nothing, Shell("; fi")))
+    return run_request(rundir, "cleanup", f"{grace:g}", host.name)
 
 
-def fetch_output_command(rundir: str) -> Command:
-    return tar_out(HostPath(in_run(rundir, layout.OUTPUT)))
+def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
+    """The same as a command of its own, for inv setup's run directory."""
+    return host_agent(host, rundir, "cleanup", f"{grace:g}", host.name)
 
 
-def fetch_backup_command(rundir: str) -> Command:
-    """The chief's backup as tar.gz on stdout; nothing when it has none yet."""
-    return tar_out(HostPath(in_run(rundir, layout.BACKUP)))
+def fetch_output_request(rundir: str) -> Request:
+    """The chief's output folder as tar.gz; nothing when it has none."""
+    return Request("tar-out", (HostPath(in_run(rundir, layout.OUTPUT)),))
 
 
-def tar_out(folder: HostPath) -> Command:
-    """The folder's files as tar.gz on stdout; nothing when it does not exist."""
-    return Command((Shell("if [ -d"), folder, Shell("]; then"), "tar", "-czf", "-", "-C", folder,
-                    ".", Shell("; fi")))
+def fetch_backup_request(rundir: str) -> Request:
+    """The chief's backup as tar.gz; nothing when it has none yet."""
+    return Request("tar-out", (HostPath(in_run(rundir, layout.BACKUP)),))
 
 
-def replace_backup_command(rundir: str) -> Command:
-    """Replace the host's backup with the tar.gz on stdin (an empty archive: no backup).
-    Only <rundir>/backup is deleted, inside the run's own directory."""
-    backup = HostPath(in_run(rundir, layout.BACKUP))
-    return Command(("rm", "-rf", backup, Shell("&&"), "mkdir", "-p", backup, Shell("&&"),
-                    "tar", "-xzf", "-", "-C", backup), stdin="tar.gz of the chief's backup")
+def replace_backup_request(rundir: str) -> Request:
+    """Replace the host's backup with the tar.gz that comes with it (an empty archive: no
+    backup). Only <rundir>/backup is deleted, inside the run's own directory."""
+    return run_request(rundir, "replace-backup", body="tar.gz of the chief's backup")
 
 
-def push_command(host: Host, verb: str, rundir: str, *paths: str, stdin: str,
-                 member: tuple[str, str] = ()) -> Command:
-    """PUSH_BOOTSTRAP unpacking the stage into `rundir`, then the host package's `verb`.
-    `member`: the host's name and its tasks ("0,1"), recorded in the run directory (which
-    hosts sharing a workdir also share)."""
-    return Command((HostPath(host.python), "-I", "-S", "-c", PUSH_BOOTSTRAP, verb,
-                    HostPath(rundir), *map(HostPath, paths), *member), stdin=stdin)
+def push_request(verb: str, rundir: str, *paths: str, body: str,
+                 member: tuple[str, str] = ()) -> Request:
+    """The stage unpacked into `rundir` (after the workdir is found safe), then what the cache
+    lacks (`verb`: push for the payload, data-push for data); after that answer, a `receive`
+    (data-receive) request brings exactly those files. `member`: the host's name and its tasks
+    ("0,1"), recorded in the run directory (which hosts sharing a workdir also share)."""
+    return run_request(rundir, verb, *map(HostPath, paths), *member, body=body)
+
+
+def receive_request(push: Request) -> Request:
+    """The second half of `push`: its files, on the same channel."""
+    verb = "receive" if push.verb == "push" else "data-receive"
+    return Request(verb, push.args, body="the files the host lacks, each headed by its sha256")
 
 
 def data_commands(host: Host, rundir: str) -> dict:
@@ -259,9 +244,9 @@ def data_commands(host: Host, rundir: str) -> dict:
         return {"data_dir": data_dir}
     return {
         "data_dir": data_dir,
-        "data_push": push_command(
-            host, "data-push", rundir, data_dir, cache_dir(host),
-            stdin="tar.gz of the data manifest and the host package; after the host's answer, "
+        "data_push": push_request(
+            "data-push", rundir, data_dir, cache_dir(host),
+            body="tar.gz of the data manifest and the host package; after the host's answer, "
                   "the data files it lacks, each headed by its sha256"),
     }
 
@@ -341,24 +326,23 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             key = layout.task_key(host.role, type_index)
             gpus = task_gpus(host, slot)
             config = tf_config(spec, type_index, host.role)
-            agent = host_agent(host, rundir, "launch", key,
-                               HostPath(in_run(rundir, layout.PAYLOAD)),
-                               *([HostPath(envpy)] if envpy else []),
-                               tail=(HostPath(host.python), options.entry, *options.args))
             env = task_env(host, run_id, rundir, config, type_index, workers, gpus,
                            options.backup, host.role)
+            launch = run_request(rundir, "launch", key, HostPath(in_run(rundir, layout.PAYLOAD)),
+                                 *([HostPath(envpy)] if envpy else []),
+                                 tail=(HostPath(host.python), options.entry, *options.args),
+                                 env=env)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index) if host.cluster_tasks else None,
-                tf_config=config, launch=Command(agent.argv, env, stdin="environment as JSON"),
+                tf_config=config, launch=launch,
                 gpus=gpus, role=host.role, type_index=type_index))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
-            push=push_command(
-                host, "push", rundir, cache_dir(host), member=(host.name, ",".join(
+            push=push_request(
+                "push", rundir, cache_dir(host), member=(host.name, ",".join(
                     t.key for t in tasks)),
-                stdin="tar.gz of run.json, the host package and the payload manifest; after the "
+                body="tar.gz of run.json, the host package and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
-            ports=Command((HostPath(host.python), "-I", "-", "ports",
-                           str(ports_to_probe(host))), stdin=CHECK_STDIN),
+            ports=Request("ports", (str(ports_to_probe(host)),)),
             tasks=tuple(tasks), env_python=envpy, **data_commands(host, rundir)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

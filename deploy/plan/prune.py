@@ -1,28 +1,12 @@
-"""The command of `inv prune` on a host, and what it keeps. Pure, like planner.py.
-
-The host package is not on the host outside a run directory, so it travels on stdin: a tiny
-bootstrap writes it to a private temporary file, imports deploy.host.prune from it and passes
-the rest of stdin (what to keep, as JSON) to it.
-"""
+"""The request of `inv prune` to a host's agent, and what it keeps. Pure, like planner.py."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
 from deploy.inventory.model import Host
-from deploy.plan.command import Command, HostPath
+from deploy.plan.command import HostPath, Request
 from deploy.plan.planner import env_dir
-
-PRUNE_BOOTSTRAP = """\
-import os,sys,tempfile
-os.umask(0o77);i=sys.stdin.buffer;z=i.read(int(i.readline()))
-f,p=tempfile.mkstemp(suffix=".zip")
-with os.fdopen(f,"wb") as o:o.write(z)
-sys.path.insert(0,p)
-try:
- from deploy.host import prune;prune.main(sys.argv[1:],i)
-finally:os.unlink(p)"""
-
 
 @dataclass(frozen=True)
 class Keep:
@@ -38,7 +22,6 @@ class Keep:
                            "envs": envs}).encode()
 
 
-def prune_command(host: Host, older_than: float, dry_run: bool) -> Command:
-    return Command((HostPath(host.python), "-I", "-S", "-c", PRUNE_BOOTSTRAP, HostPath(host.workdir),
-                    host.name, f"{older_than:g}", *(["dry"] if dry_run else [])),
-                   stdin="the host package, then what to keep as JSON")
+def prune_request(host: Host, older_than: float, dry_run: bool) -> Request:
+    return Request("prune", (HostPath(host.workdir), host.name, f"{older_than:g}",
+                             "dry" if dry_run else "delete"), body="what to keep, as JSON")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from deploy.inventory.model import Host
-from deploy.plan.planner import HostPlan, RunPlan
+from deploy.plan.planner import HostPlan, RunPlan, agent_command
 
 
 def plan_document(plan: RunPlan) -> dict:
@@ -25,6 +25,7 @@ def plan_document(plan: RunPlan) -> dict:
             **({"data": {"source": hp.host.data.shown, "dir": hp.data_dir}}
                if hp.data_dir else {}),
             **({"data_push": hp.data_push.shown()} if hp.data_push else {}),
+            "agent": agent_command(hp.host).shown(),
             "push": hp.push.shown(),
             "ports": hp.ports.shown(),
             "tasks": [{
@@ -81,6 +82,7 @@ def plan_text(plan: RunPlan) -> str:
         where = ("local subprocesses" if host.transport == "local"
                  else f"ssh {ssh_route(host)}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
+                  f"  agent:  {agent_command(host).shown()}",
                   f"  push:   {hp.push.shown()}", f"  ports:  {hp.ports.shown()}"]
         if hp.env_python:
             lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python}")

@@ -28,7 +28,7 @@ from deploy.push.bundle import (
     payload_files
 )
 from deploy.push.hashcache import HashCache
-from deploy.push.hostzip import host_zip
+from deploy.ssh.hostzip import host_zip
 from deploy.push.payload import size_text
 from deploy.ssh.session import Session
 

@@ -1,8 +1,8 @@
 """Run the checks of checks.py on the hosts: probe every host, then the TCP mesh between them
 (mesh.py).
 
-Nothing is written on any host: deploy/host/check.py travels on the stdin of the host's python. Used
-by `inv check` (own connections) and by `train` before it starts anything (its session's).
+Nothing is written on any host: the hosts' agents run from memory. Used by `inv check` (own
+connections) and by `train` before it starts anything (its session's).
 """
 from __future__ import annotations
 
@@ -18,14 +18,11 @@ from deploy.errors import Failure
 from deploy.inventory.model import Inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, CheckReport, HostCheck, assign_task_ports, judge_mesh, judge_probe,
-    mesh_specs, probe_command, version_problems
+    mesh_specs, probe_request, version_problems
 )
-from deploy.plan.command import Command
 from deploy.plan.planner import env_python
 from deploy.run.mesh import probe_mesh
-from deploy.ssh.parallel import on_each
-from deploy.ssh.session import Session, StepFailed, agent_json
-from deploy.ssh.transport import Transport, connect
+from deploy.ssh.session import Session, gather
 
 PROBE_TIMEOUT = 60.0
 
@@ -34,29 +31,24 @@ class ChecksFailed(Failure):
     """`inv train`'s checks found problems; nothing was started."""
 
 
-def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
+def run_checks(inventory: Inventory, session: Session,
                unreachable: Mapping[str, str] | None = None,
                requirements_sha256: str | None = None) -> CheckReport:
-    """`transports` by host name; hosts in `unreachable` (name -> why) are reported as such.
-    `requirements_sha256` names the `inv setup` environment the tasks would prefer."""
+    """Check every host of the session's; hosts in `unreachable` (name -> why) are reported as
+    such. `requirements_sha256` names the `inv setup` environment the tasks would prefer."""
     started = time.monotonic()
-    source = HOSTCHECK_SOURCE.read_bytes()
     checks = [HostCheck(h) for h in inventory.hosts]
     for c in checks:
-        if c.host.name not in transports:
+        if c.host.name not in session.agents:
             c.problems.append((unreachable or {}).get(c.host.name, f"{c.host.label}: not connected"))
-    connected = [c for c in checks if c.host.name in transports]
+    connected = [c for c in checks if c.host.name in session.agents]
+    source = HOSTCHECK_SOURCE.read_bytes()
 
-    def ask(c: HostCheck, command: Command, step: str, timeout: float) -> dict:
-        result = transports[c.host.name].run(command.line, stdin=source, timeout=timeout)
-        if result.code in (126, 127):    # the shell could not run the interpreter at all
-            raise StepFailed(f"{c.host.label}: python {c.host.python!r} does not run there: "
-                             f"{result.error_text()} (set 'python:' in the inventory)")
-        return agent_json(result, c.host, step)
-
-    answers, errors = on_each(connected, lambda c: c.host.name, lambda c: ask(
-        c, probe_command(c.host, env_python(c.host, requirements_sha256)),
-        f"running {c.host.python}", PROBE_TIMEOUT))
+    def ask(c: HostCheck):
+        env = env_python(c.host, requirements_sha256)
+        return session.agents[c.host.name].ask(probe_request(c.host, env), "probe",
+                                               source if env else b"")
+    answers, errors = gather({c.host.name: ask(c) for c in connected}, PROBE_TIMEOUT)
     for c in connected:
         if c.host.name in errors:
             c.problems.append(str(errors[c.host.name]))
@@ -68,8 +60,7 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
     if port_problem:
         report.problems.append(port_problem)
     elif probed:
-        answers, errors = probe_mesh(probed, transports, source,
-                                     mesh_specs(probed, secrets.token_hex(8)))
+        answers, errors = probe_mesh(probed, session.agents, mesh_specs(probed, secrets.token_hex(8)))
         judge_mesh(probed, answers, errors)
     report.seconds = time.monotonic() - started
     return report
@@ -79,26 +70,23 @@ def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_ke
                 requirements_sha256: str | None = None) -> CheckReport:
     """`inv check`: connect to every host itself, so that unreachable hosts become rows too."""
     started = time.monotonic()
-    transports, errors = on_each(inventory.hosts, lambda h: h.name, lambda h: connect(
-        h, connect_timeout, accept_new_host_keys))
+    session, errors = Session.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
     try:
-        report = run_checks(inventory, transports, {n: str(e) for n, e in errors.items()},
+        report = run_checks(inventory, session, {n: str(e) for n, e in errors.items()},
                             requirements_sha256)
     finally:
-        for transport in transports.values():
-            transport.close()
+        session.close()
     report.seconds = time.monotonic() - started
     return report
 
 
 def check_before_run(session: Session, inventory: Inventory, console: Console,
                      requirements_sha256: str | None = None) -> CheckReport:
-    """`train`'s checks, on the session's connections. On a problem the session is closed and
+    """`train`'s checks, on the session's agents. On a problem the session is closed and
     ChecksFailed raised: nothing has been started or written on any host."""
     try:
         with console.status(f"checking {len(inventory.hosts)} host(s)…"):
-            report = run_checks(inventory, session.transports,
-                                requirements_sha256=requirements_sha256)
+            report = run_checks(inventory, session, requirements_sha256=requirements_sha256)
         if not report.ok:
             console.print(report_view(report))
             raise ChecksFailed(f"{len(report.all_problems)} problem(s) found before starting; "

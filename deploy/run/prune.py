@@ -15,14 +15,11 @@ from deploy.console.view import say
 from deploy.errors import BadInput, TfdeployError
 from deploy.inventory.model import Inventory
 from deploy.plan.checks import size
-from deploy.plan.planner import framed
-from deploy.plan.prune import Keep, prune_command
+from deploy.plan.prune import Keep, prune_request
 from deploy.push.bundle import file_entry, payload_files
 from deploy.push.hashcache import HashCache
-from deploy.push.hostzip import host_zip
 from deploy.run.setup import requirements_hash
-from deploy.ssh.session import agent_json
-from deploy.ssh.transport import connect
+from deploy.ssh.session import Session
 from deploy.state.record import list_records
 
 KINDS = (("files", "cached file(s)"), ("envs", "environment(s)"), ("runs", "run director(ies)"))
@@ -48,18 +45,17 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
           dry_run: bool, connect_timeout: float, accept_new_host_keys: bool,
           console: Console) -> int:
     keep = keep_of(payload, runs_dir)
-    stdin = framed(host_zip())
     failed = 0
     verb = "would free" if dry_run else "freed"
     for host in inventory.hosts:
         try:
-            transport = connect(host, connect_timeout, accept_new_host_keys)
+            session = Session.open(Inventory((host,)), connect_timeout, accept_new_host_keys)
             try:
-                result = transport.run(prune_command(host, older_than, dry_run).line,
-                                       stdin=stdin + keep.document(host), timeout=600)
+                freed = session.agents[host.name].ask(
+                    prune_request(host, older_than, dry_run), "prune",
+                    keep.document(host)).wait(600)
             finally:
-                transport.close()
-            freed = agent_json(result, host, "prune")
+                session.close()
         except TfdeployError as exc:    # reported with its host; the others are still pruned
             say(console, f"{host.name}: {exc}", "bold red")
             failed += 1

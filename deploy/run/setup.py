@@ -22,7 +22,7 @@ from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
 from deploy.inventory.model import Inventory
 from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
-from deploy.push.hostzip import host_zip
+from deploy.ssh.hostzip import host_zip
 from deploy.ssh.parallel import on_all, on_each
 from deploy.ssh.session import Session, agent_json, checked
 from deploy.ssh.transport import LineStream

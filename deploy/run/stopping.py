@@ -66,8 +66,9 @@ class Stopper:
                 continue
             if event.kind == "doc":
                 take(event)
-            elif event.host in self.pending:
-                # Its follower ended (every task there ended) before answering.
+            elif event.kind == "error" and event.host in self.pending:
+                # Its agent was lost before answering: stopped by a request of its own, which
+                # reports that host as unanswered if it is still gone.
                 self.stop_hosts([event.host])
         self.stop_unanswered(force=True)
         self.run.stopped_clean = not self.run.problems

@@ -20,7 +20,7 @@ from deploy.state.progress import TaskProgress
 class Watch:
     def __init__(self, run: Run, start_timeout: float, restarter=None):
         self.run, self.start_timeout, self.restarter = run, start_timeout, restarter
-        self.followers = Followers(run.plan, run.session.transports)
+        self.followers = Followers(run.plan, run.session.agents)
         self.stopper = Stopper(run, self.followers)
         self.by_index = {t.index: t for t in run.tasks}
         self.host_tasks = {hp.host.name: [self.by_index[t.index] for t in hp.tasks]

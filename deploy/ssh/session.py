@@ -1,7 +1,9 @@
-"""The remote side of one run: every step on every host, over one transport per host.
+"""The remote side of one run: every step on every host, as requests to one agent per host
+(agent.py) on one transport per host.
 
-Each method works on all hosts in parallel and waits for all of them, so a failure on one host
-is reported together with what happened on the others.
+Each method asks every host before it waits for any answer, and waits for all of them, so a
+failure on one host is reported together with what happened on the others. Every step has a
+deadline for the whole step: a host that has not answered by then is reported as such.
 """
 from __future__ import annotations
 
@@ -9,24 +11,20 @@ import io
 import json
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from deploy.errors import Failure
 from deploy.inventory.model import Host, Inventory
-from deploy.plan.checks import HOSTCHECK_SOURCE
-from deploy.plan.command import Command
+from deploy.plan.command import Request
 from deploy.plan.planner import (
-    HostPlan, RunPlan, cleanup_command, fetch_backup_command, fetch_output_command, framed,
-    host_offsets, poll_command, replace_backup_command, stop_command
+    HostPlan, RunPlan, cleanup_request, fetch_backup_request, fetch_output_request, host_offsets,
+    poll_request, receive_request, replace_backup_request, stop_request
 )
 from deploy.plan.ports import choose_ports, task_ports
+from deploy.ssh.agent import HostAgent, StepFailed
 from deploy.ssh.parallel import HostsFailed, on_all, on_each
-from deploy.ssh.transport import CommandResult, Exchange, Transport, connect
-
-
-class StepFailed(Failure):
-    """A step on a host answered with an error, or not as it must."""
+from deploy.ssh.transport import CommandResult, Transport, connect
 
 
 def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
@@ -71,143 +69,149 @@ def sharing(filesystems: Mapping[str, str | None]) -> dict[str, str]:
 
 
 class Session:
-    def __init__(self, transports: Mapping[str, Transport]):
-        self.transports = dict(transports)
+    def __init__(self, transports: Mapping[str, Transport], agents: Mapping[str, HostAgent]):
+        self.transports, self.agents = dict(transports), dict(agents)
 
     @classmethod
     def open(cls, inventory: Inventory, connect_timeout: float,
              accept_new_host_keys: bool) -> "Session":
-        results, errors = on_each(inventory.hosts, lambda h: h.name,
-                                  lambda h: connect(h, connect_timeout, accept_new_host_keys))
+        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
         if errors:
-            for transport in results.values():
-                transport.close()
+            session.close()
             raise HostsFailed("connecting", errors)
-        return cls(results)
+        return session
+
+    @classmethod
+    def open_each(cls, hosts: Iterable[Host], connect_timeout: float,
+                  accept_new_host_keys: bool) -> tuple["Session", dict[str, BaseException]]:
+        """Log in to every host and start its agent; the hosts where that failed, and why."""
+        def start(host: Host) -> tuple[Transport, HostAgent]:
+            transport = connect(host, connect_timeout, accept_new_host_keys)
+            try:
+                return transport, HostAgent(host, transport)
+            except BaseException:
+                transport.close()
+                raise
+        results, errors = on_each(hosts, lambda h: h.name, start)
+        return cls({n: t for n, (t, _) in results.items()},
+                   {n: a for n, (_, a) in results.items()}), errors
 
     def close(self) -> None:
+        for agent in self.agents.values():
+            agent.close()
         for transport in self.transports.values():
             transport.close()
 
-    def _each(self, plans, step: Callable[[HostPlan, Transport], object]):
-        return on_each(plans, lambda hp: hp.host.name,
-                       lambda hp: step(hp, self.transports[hp.host.name]))
+    def ask_each(self, step: str, plans: Iterable[HostPlan], request: Callable[[HostPlan], Request],
+                 timeout: float, body: Callable[[HostPlan], bytes] = lambda hp: b"",
+                 ) -> tuple[dict[str, dict], dict[str, BaseException]]:
+        """Ask every host, then wait for every answer until one deadline for the whole step:
+        (answers, errors) by host name."""
+        replies = {hp.host.name: self.agents[hp.host.name].ask(request(hp), step, body(hp))
+                   for hp in plans}
+        return gather(replies, timeout)
 
-    def _all(self, name: str, plans, step: Callable[[HostPlan, Transport], object]):
-        return on_all(name, plans, lambda hp: hp.host.name,
-                      lambda hp: step(hp, self.transports[hp.host.name]))
+    def ask_all(self, step: str, plans: Iterable[HostPlan], request: Callable[[HostPlan], Request],
+                timeout: float, body: Callable[[HostPlan], bytes] = lambda hp: b"",
+                ) -> dict[str, dict]:
+        """Like ask_each, but raise one HostsFailed naming every failure."""
+        answers, errors = self.ask_each(step, plans, request, timeout, body)
+        if errors:
+            raise HostsFailed(step, errors)
+        return answers
 
-    def push(self, plans: list[HostPlan], what: str, command: Callable[[HostPlan], Command],
+    def push(self, plans: list[HostPlan], what: str, request: Callable[[HostPlan], Request],
              stage: Callable[[HostPlan], bytes],
-             content: Callable[[HostPlan, frozenset[str]], bytes | Iterable[bytes]],
+             content: Callable[[HostPlan, frozenset[str]], Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
              ) -> dict[str, dict]:
-        """One command per host (planner.PUSH_BOOTSTRAP), in two steps: the host's stage (its
-        helper and manifest; for the payload also small recent files) is answered with the
-        file contents the host's cache still lacks; then, on the same stdin, exactly those
-        travel and the host assembles the directory (a host that lacks nothing has done so, or
-        had it, at its answer). `what` ("payload", "data") names the steps in errors. Returns
-        each host's record: missing hashes, received (both steps), files.
+        """Two requests per host: the stage (its helper and manifest; for the payload also
+        small recent files) is answered with the file contents the host's cache still lacks;
+        then exactly those travel and the host assembles the directory (a host that lacks
+        nothing has done so, or had it, at its answer: an unchanged payload costs one round
+        trip). `what` ("payload", "data") names the steps in errors. Returns each host's
+        record: missing hashes, received (both steps), files.
 
         Hosts that share a workdir are sent the files once: the others wait for that push to
         end, then get an empty stream and find payload/ (or the cached files) there."""
-        exchanges: dict[str, Exchange] = {}
+        wants = self.ask_all(f"pushing the {what}", plans, request, 120, stage)
+        filesystems = {name: want.pop("filesystem", None) for name, want in wants.items()}
+        for follower, leader in sharing({hp.host.name: filesystems.get(hp.host.name)
+                                         for hp in plans}).items():
+            wants[follower]["shared_with"] = leader
+        on_answers(wants)
         done = {hp.host.name: threading.Event() for hp in plans}
-        filesystems: dict[str, str | None] = {}
 
-        def ask(hp: HostPlan, t: Transport) -> dict:
-            exchanges[hp.host.name] = exchange = t.exchange(command(hp).line, timeout=120)
-            exchange.send(framed(stage(hp)))
-            line = exchange.readline()
-            if not line:                     # it ended without an answer: say why
-                checked(exchange.finish(), hp.host, f"{what} push")
-            answer = agent_json(CommandResult(0, line, b""), hp.host, f"{what} push")
-            filesystems[hp.host.name] = answer.pop("filesystem", None)
-            return answer
-
-        def send(hp: HostPlan, t: Transport) -> dict:
+        def send(hp: HostPlan) -> dict:
             try:
                 return send_files(hp)
             finally:
                 done[hp.host.name].set()
 
         def send_files(hp: HostPlan) -> dict:
-            want, exchange = wants[hp.host.name], exchanges[hp.host.name]
+            want = wants[hp.host.name]
             if want.get("assembled") or want.get("present"):
-                checked(exchange.finish(), hp.host, f"{what} push")
                 return want
-            exchange.settimeout(1800)
             leader = want.get("shared_with")
+            missing = frozenset() if leader else frozenset(want["missing"])
             if leader:
                 done[leader].wait()
-                exchange.send(content(hp, frozenset()))
-                answer = agent_json(exchange.finish(), hp.host, f"sending {what} files")
+            answer = self.agents[hp.host.name].ask(
+                receive_request(request(hp)), f"sending {what} files",
+                files=content(hp, missing)).wait(1800)
+            if leader:
                 return {**answer, "missing": [], "received": [], "shared_with": leader}
-            exchange.send(content(hp, frozenset(want["missing"])))
-            answer = agent_json(exchange.finish(), hp.host, f"sending {what} files")
             return {**answer, "missing": want["missing"],
                     "received": want["received"] + answer["received"]}
-        try:
-            wants = self._all(f"pushing the {what}", plans, ask)
-            for follower, leader in sharing({hp.host.name: filesystems.get(hp.host.name)
-                                             for hp in plans}).items():
-                wants[follower]["shared_with"] = leader
-            on_answers(wants)
-            return self._all(f"sending {what} files", plans, send)
-        finally:
-            for exchange in exchanges.values():
-                exchange.close()
+        return on_all(f"sending {what} files", plans, lambda hp: hp.host.name, send)
 
     def free_ports(self, plan: RunPlan) -> dict[int, int]:
         """A free port per task, distinct across the whole cluster: TensorFlow binds every
         interface, so two hosts that are one machine (a loopback lab) must not share one."""
-        answers = self._all("choosing ports", plan.hosts, lambda hp, t: agent_json(
-            t.run(hp.ports.line, stdin=HOSTCHECK_SOURCE.read_bytes(), timeout=60), hp.host,
-            "port probe"))
+        answers = self.ask_all("choosing ports", plan.hosts, lambda hp: hp.ports, 60)
         chosen = choose_ports([(hp.host, hp.host.cluster_tasks) for hp in plan.hosts],
                               {name: answer["ports"] for name, answer in answers.items()})
         return task_ports(plan.tasks, chosen)
 
     def launch(self, plan: RunPlan, attempt: int = 1, only: int | None = None) -> None:
-        """Start every task (or the task of index `only`, relaunched in place)."""
-        def start(hp: HostPlan, t: Transport) -> None:
+        """Start every task (or the task of index `only`, relaunched in place). The attempt
+        (1, then 2... under --restarts) also tells the agent to set the previous attempt's
+        files aside and mark the log."""
+        replies = {}
+        for hp in plan.hosts:
             for task in hp.tasks:
-                if only is not None and task.index != only:
-                    continue
-                # The attempt (1, then 2... under --restarts) also tells the agent to set the
-                # previous attempt's files aside and mark the log.
-                env = task.launch.env_stdin(TFDEPLOY_ATTEMPT=str(attempt))
-                agent_json(t.run(task.launch.line, stdin=env, timeout=60),
-                           hp.host, f"starting {task.name}")
-        hosts = [hp for hp in plan.hosts if only is None or any(t.index == only for t in hp.tasks)]
-        self._all("starting tasks", hosts, start)
+                if only is None or task.index == only:
+                    replies[(hp.host.name, task.index)] = self.agents[hp.host.name].ask(
+                        task.launch, f"starting {task.name}", TFDEPLOY_ATTEMPT=str(attempt))
+        _, errors = gather(replies, 60)
+        if errors:
+            raise HostsFailed("starting tasks", {name: error for (name, _), error in
+                                                 errors.items()})
 
     def poll(self, plan: RunPlan, offsets: Mapping[int, int]):
         """One answer per host: (answers by task index, errors by host name). Used for the
         last read of the logs after a stop; live following goes through follow.py."""
-        def ask(hp: HostPlan, t: Transport) -> dict:
-            mine = host_offsets(hp, offsets)
-            return agent_json(t.run(poll_command(hp.host, hp.run_dir, mine).line, timeout=30),
-                              hp.host, "poll")["tasks"]
-        results, errors = self._each(plan.hosts, ask)
+        results, errors = self.ask_each("poll", plan.hosts, lambda hp: poll_request(
+            hp.run_dir, host_offsets(hp, offsets)), 30)
         answers = {}
-        for host, tasks in results.items():
+        for host, doc in results.items():
             keys = plan.by_key(host)
-            answers.update({keys[k].index: doc for k, doc in tasks.items() if k in keys})
+            answers.update({keys[k].index: status for k, status in doc["tasks"].items()
+                            if k in keys})
         return answers, errors
 
     def stop(self, plan: RunPlan) -> dict[str, str]:
         """TERM every task's process group, KILL after the grace period. Returns a problem per
         host: survivors, or no answer (nothing is assumed gone that was not seen gone)."""
-        return self._ending(plan, lambda hp: stop_command(hp.host, hp.run_dir, plan.options.grace))
+        return self._ending(plan, lambda hp: stop_request(hp.run_dir, plan.options.grace))
 
     def cleanup(self, plan: RunPlan) -> dict[str, str]:
         """Stop, then delete each host's run directory; problems by host, as for stop."""
-        return self._ending(plan, lambda hp: cleanup_command(hp.host, hp.run_dir, plan.options.grace))
+        return self._ending(plan, lambda hp: cleanup_request(hp.host, hp.run_dir,
+                                                             plan.options.grace))
 
-    def _ending(self, plan: RunPlan, command: Callable[[HostPlan], Command]) -> dict[str, str]:
-        results, errors = self._each(plan.hosts, lambda hp, t: agent_json(
-            t.run(command(hp).line, timeout=plan.options.grace + 60), hp.host, "teardown"))
+    def _ending(self, plan: RunPlan, request: Callable[[HostPlan], Request]) -> dict[str, str]:
+        results, errors = self.ask_each("teardown", plan.hosts, request, plan.options.grace + 60)
         problems = {name: str(error) for name, error in errors.items()}
         for name, doc in results.items():
             if doc.get("survivors"):
@@ -218,12 +222,12 @@ class Session:
     def fetch_output(self, plan: RunPlan, into: Path) -> int:
         """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into`; return the number of files."""
         hp = plan.chief_host
-        result = checked(self.transports[hp.host.name].run(
-            fetch_output_command(hp.run_dir).line, timeout=600), hp.host, "fetching output")
-        if not result.stdout:
+        data = self.agents[hp.host.name].ask(fetch_output_request(hp.run_dir),
+                                             "fetching output").wait(600).get("body")
+        if not data:
             return 0
         into.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.extractall(into, filter="data")
             return sum(1 for m in tar.getmembers() if m.isfile())
 
@@ -232,14 +236,25 @@ class Session:
         bare machines; BackupAndRestore restores every worker from the chief's backup).
         Returns the size of the archive carried."""
         chief = plan.chief_host
-        fetch = fetch_backup_command(chief.run_dir)
-        data = checked(self.transports[chief.host.name].run(fetch.line, timeout=600), chief.host,
-                       "fetching the backup").stdout or _empty_tar_gz()
+        data = self.agents[chief.host.name].ask(fetch_backup_request(chief.run_dir),
+                                                "fetching the backup").wait(600).get("body") \
+            or _empty_tar_gz()
         others = [hp for hp in plan.hosts if hp is not chief]
-        self._all("carrying the backup", others, lambda hp, t: checked(
-            t.run(replace_backup_command(hp.run_dir).line, stdin=data, timeout=600), hp.host,
-            "replacing the backup"))
+        self.ask_all("carrying the backup", others,
+                     lambda hp: replace_backup_request(hp.run_dir), 600, lambda hp: data)
         return len(data)
+
+
+def gather(replies: Mapping, timeout: float) -> tuple[dict, dict[object, BaseException]]:
+    """Wait for every reply until one deadline: (answers, errors) by the replies' keys."""
+    deadline = time.monotonic() + timeout
+    answers, errors = {}, {}
+    for key, reply in replies.items():
+        try:
+            answers[key] = reply.wait(max(0.0, deadline - time.monotonic()))
+        except StepFailed as exc:
+            errors[key] = exc
+    return answers, errors
 
 
 def _empty_tar_gz() -> bytes:

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Union
@@ -94,15 +95,19 @@ class LineStream(Protocol):
 
     def send(self, data: bytes) -> None: ...
 
+    def outcome(self) -> CommandResult: ...
+
     def close(self) -> None: ...
 
 
 class LocalStream:
     def __init__(self, line: str):
         # Its own session, so that closing it ends exactly this command and its children.
+        # Its stderr goes to a file: a pipe nobody reads could stall it.
+        self.errors = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdout=subprocess.PIPE,
-                                     stdin=subprocess.PIPE, start_new_session=True,
-                                     cwd=os.path.expanduser("~"))
+                                     stdin=subprocess.PIPE, stderr=self.errors,
+                                     start_new_session=True, cwd=os.path.expanduser("~"))
 
     def __iter__(self):
         return iter(self.proc.stdout)
@@ -120,8 +125,15 @@ class LocalStream:
         except (OSError, ValueError) as exc:
             raise TransportError(f"local stream: {exc}") from None
 
+    def outcome(self) -> CommandResult:
+        """Once the output has ended: the exit code and what the command said on stderr."""
+        code = self.proc.wait()
+        self.errors.seek(0)
+        return CommandResult(code, b"", self.errors.read())
+
     def close(self) -> None:
         _end(self.proc)
+        self.errors.close()
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -238,10 +250,13 @@ class SshStream:
     log chunks would pay for every 32 KiB."""
 
     RECV = 1 << 18
+    # A send that moves no byte for this long means the host stopped reading: it is lost.
+    SEND_TIMEOUT = 60.0
 
     def __init__(self, channel: paramiko.Channel, label: str):
         self.channel, self.label = channel, label
         self.buffer = bytearray()
+        channel.settimeout(self.SEND_TIMEOUT)
 
     @contextmanager
     def _errors(self):
@@ -251,8 +266,14 @@ class SshStream:
             raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
 
     def _fill(self) -> bool:
-        with self._errors():
-            data = self.channel.recv(self.RECV)
+        while True:
+            try:
+                data = self.channel.recv(self.RECV)
+                break
+            except socket.timeout:
+                continue   # a read waits as long as it takes: its reader judges silence
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise TransportError(f"{self.label}: SSH connection lost: {exc}") from None
         self.buffer += data
         return bool(data)
 
@@ -288,8 +309,21 @@ class SshStream:
             yield line
 
     def send(self, data: bytes) -> None:
+        """Through a memoryview: paramiko's sendall re-copies the unsent rest after every
+        packet (quadratic in the size)."""
+        view = memoryview(data)
         with self._errors():
-            self.channel.sendall(data)
+            while view:
+                sent = self.channel.send(view)
+                if not sent:
+                    raise OSError("channel closed")
+                view = view[sent:]
+
+    def outcome(self) -> CommandResult:
+        """Once the output has ended: the exit code and what the command said on stderr."""
+        with self._errors():
+            err = self.channel.makefile_stderr("rb").read()
+            return CommandResult(self.channel.recv_exit_status(), b"", err)
 
     def close(self) -> None:
         self.channel.close()

@@ -1,0 +1,57 @@
+"""The first code a host's agent runs: it loads this package from memory and serves requests.
+
+The controller starts `python -I -c BOOT` (deploy/plan/planner.py agent_command), and BOOT
+executes what comes first on stdin: this file, headed by its length. Then comes the package
+itself, tfdeploy-host.zip headed by its length, imported from memory; nothing is written on
+the host before the checks have said that it may be. Then the requests (serve.py).
+"""
+import io
+import sys
+import zipfile
+from importlib.machinery import ModuleSpec
+
+
+class ZipInMemory:
+    """An importer of the modules of a zip held in memory (`deploy/host/*.py`)."""
+
+    def __init__(self, archive):
+        self.archive = archive
+        self.names = set(archive.namelist())
+
+    def _file(self, fullname):
+        base = fullname.replace(".", "/")
+        for name, package in ((base + "/__init__.py", True), (base + ".py", False)):
+            if name in self.names:
+                return name, package
+        return None, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        name, package = self._file(fullname)
+        if name is None:
+            return None
+        return ModuleSpec(fullname, self, origin="tfdeploy-host.zip/" + name, is_package=package)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        source = self.get_source(module.__name__)
+        module.__file__ = module.__spec__.origin
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+
+    def get_source(self, fullname):
+        return self.archive.read(self._file(fullname)[0]).decode("utf-8")
+
+
+def load(stream):
+    """Read the package (its length on a line, then the zip) from `stream` and make it
+    importable."""
+    size = int(stream.readline())
+    archive = zipfile.ZipFile(io.BytesIO(stream.read(size)))
+    sys.meta_path.insert(0, ZipInMemory(archive))
+
+
+if __name__ == "__main__":
+    load(sys.stdin.buffer)
+    from deploy.host.serve import serve
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -1,0 +1,244 @@
+"""The agent: one Python process per host per run, started once on the run's one channel (an
+SSH session, or a pipe for `transport: local`), that takes every later step as a request.
+
+Requests come on stdin as frames (frames.py): {"id", "verb", "args", "home", "env"} and a body.
+`home` lists the args that are paths on this host (a leading ~ is this host's home). Each is
+answered by frames carrying its "id": the verb's document, or {"error": ...}; a follow answers
+with a frame per change and then {"end": true}. Every BEAT seconds the agent also sends
+{"beat": ...}, whatever else it is doing, so the controller can tell a host that stopped
+answering from one with nothing to say.
+
+Requests run in threads of their own, so that a stop is never queued behind a slow step; only
+`receive` runs in the reading thread, because its files follow it on the same stdin. When
+stdin ends (the controller is gone) the agent ends; the tasks it started run in sessions of
+their own and go on.
+"""
+import io
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+from deploy.host import agent, cache, check, data, prune, teardown
+from deploy.host.frames import FrameError, read_frame, write_frame
+from deploy.host.layout import BACKUP, in_run
+from deploy.host.main import parse_offsets, task_arg
+from deploy.host.rundir import run_id_of
+from deploy.host.stage import StageError, unpack_stage
+
+BEAT = 1.0
+# Follow frames sent ahead of the controller's credits: a controller that falls behind stops
+# the follow here, and the logs wait on this host's disk, not in the controller's memory.
+WINDOW = 4
+# Errors a verb reports as its answer; anything else is a bug, reported with its type.
+EXPECTED = (OSError, ValueError, KeyError, SystemExit, cache.CacheError, StageError,
+            subprocess.SubprocessError)
+
+
+class Channel:
+    """The agent's stdout: one frame at a time, whichever thread writes. A controller that is
+    gone ends the agent."""
+
+    def __init__(self, out):
+        self.out, self.lock = out, threading.Lock()
+
+    def send(self, doc, chunks=None, body=b""):
+        try:
+            with self.lock:
+                write_frame(self.out, doc, chunks, body)
+        except (OSError, ValueError):
+            os._exit(0)
+
+
+def beat(channel):
+    while True:
+        channel.send({"beat": time.time()})
+        time.sleep(BEAT)
+
+
+class Mesh:
+    """The mesh probe of `inv check`, driven in phases by requests: listen (starts it), dial,
+    close. Each phase's request is answered by what the probe says next."""
+
+    def __init__(self, channel):
+        self.channel, self.lines, self.asking = channel, queue.Queue(), None
+
+    def say(self, doc):
+        self.channel.send(dict(doc, id=self.asking))
+
+    def listen(self, request, spec):
+        self.asking = request
+        done = check.mesh(spec, self.lines, self.say)
+        self.channel.send(dict(done, id=self.asking))
+
+    def next(self, request, phase):
+        self.asking = request
+        self.lines.put(phase)
+
+
+def expanded(request):
+    args = [str(a) for a in request.get("args", [])]
+    for i in request.get("home", []):
+        args[i] = os.path.expanduser(args[i])
+    return args
+
+
+def probe(args, body):
+    """The probe, by the environment's interpreter where `inv setup` built one (what the
+    tasks will run: its package versions count), else by this one."""
+    workdir, count, data_dir, env_python = args
+    data_dir = data_dir or None
+    if env_python and os.access(env_python, os.X_OK):
+        done = subprocess.run([env_python, "-I", "-", "probe", workdir, count] +
+                              ([data_dir] if data_dir else []), input=body,
+                              capture_output=True, timeout=120)
+        if done.returncode:
+            raise ValueError("%s: %s" % (env_python, done.stderr.decode("utf-8", "replace")
+                                         .strip().splitlines()[-1:] or done.returncode))
+        return json.loads(done.stdout)
+    return check.probe(workdir, int(count), data_dir)
+
+
+def stage(verb, args, body):
+    """A push's stage: unpack it, then answer what the cache lacks (`push`: the payload,
+    `data-push`: a data directory)."""
+    rundir = args[0]
+    unpack_stage(rundir, body)
+    if verb == "push":
+        return cache.want(rundir, args[1], args[2:4] or None)
+    return data.want(rundir, args[1], args[2])
+
+
+def receive(verb, args, stream):
+    if verb == "receive":
+        return cache.receive(args[0], args[1], stream)
+    return data.receive(args[0], args[1], args[2], stream)
+
+
+def tar_out(folder):
+    """The folder's files as tar.gz bytes; nothing when it does not exist."""
+    if not os.path.isdir(folder):
+        return b""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(folder, arcname=".")
+    return buf.getvalue()
+
+
+def replace_backup(rundir, body):
+    """Replace the run's backup/ with the tar.gz `body`; only <rundir>/backup is deleted,
+    inside a directory that is provably a run's."""
+    run_id_of(rundir)
+    backup = in_run(rundir, BACKUP)
+    shutil.rmtree(backup, ignore_errors=True)
+    os.makedirs(backup)
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+        tar.extractall(backup, filter="data")
+    return {}
+
+
+def cleanup(args):
+    """A host that never got the run (its push failed) has nothing to clean, and says so."""
+    rundir = args[0]
+    if not os.path.isdir(rundir):
+        return {"survivors": [], "absent": True}
+    return teardown.cleanup(rundir, float(args[1]), *args[2:3])
+
+
+def answer(request, args, channel, mesh, follows):
+    verb, body = request.get("verb"), request.get("body", b"")
+    if verb == "probe":
+        return probe(args, body)
+    if verb == "ports":
+        return {"ports": check.free_ports(int(args[0]))}
+    if verb == "mesh-listen":
+        return mesh.listen(request["id"], json.loads(args[0]))
+    if verb in ("mesh-dial", "mesh-close"):
+        return mesh.next(request["id"], verb[len("mesh-"):])
+    if verb in ("push", "data-push"):
+        return stage(verb, args, body)
+    if verb == "launch":
+        env = dict(request.get("env", {}))
+        rundir, task, cwd = args[0], task_arg(args[1]), args[2]
+        tail = args[args.index("--") + 1:]
+        head = args[:args.index("--")]
+        return agent.launch(rundir, task, cwd, tail, head[3] if len(head) > 3 else None, env)
+    if verb == "poll":
+        return agent.poll(args[0], parse_offsets(args[1:]))
+    if verb == "follow":
+        credits = follows[request["id"]] = threading.Semaphore(WINDOW)
+
+        def send(doc, chunks):
+            credits.acquire()
+            doc["id"] = request["id"]
+            channel.send(doc, chunks)
+        try:
+            agent.follow(args[0], parse_offsets(args[1:]), send)
+        finally:
+            follows.pop(request["id"], None)
+        return {"end": True}
+    if verb == "credit":
+        # Sent for a frame the follow sent, so after it started; it may have ended since.
+        credits = follows.get(int(args[0]))
+        if credits is not None:
+            credits.release()
+        return None
+    if verb == "stop":
+        return teardown.stop(args[0], float(args[1]))
+    if verb == "cleanup":
+        return cleanup(args)
+    if verb == "tar-out":
+        return {"body": tar_out(args[0])}
+    if verb == "replace-backup":
+        return replace_backup(args[0], body)
+    if verb == "prune":
+        return prune.prune(args[0], args[1], json.loads(body), float(args[2]),
+                           dry=args[3] == "dry")
+    raise ValueError("unknown request %r" % verb)
+
+
+def respond(request, channel, work):
+    """Run `work` and send its answer (or the error) under the request's id. None: the verb
+    answers by itself (the mesh phases)."""
+    try:
+        doc = work()
+    except EXPECTED as exc:
+        text = str(exc) if not isinstance(exc, OSError) or not exc.filename else \
+            "%s: %s" % (exc.strerror, exc.filename)
+        doc = {"error": text or type(exc).__name__}
+    except Exception as exc:  # a bug here: the controller reports it as such
+        doc = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    if doc is None:
+        return
+    body = doc.pop("body", b"")
+    channel.send(dict(doc, id=request["id"]), body=body)
+
+
+def serve(stdin, stdout):
+    # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
+    os.umask(0o077)
+    channel = Channel(stdout)
+    threading.Thread(target=beat, args=(channel,), daemon=True).start()
+    mesh = Mesh(channel)
+    follows = {}      # a running follow's id -> its credits
+    while True:
+        try:
+            request = read_frame(stdin)
+        except (FrameError, OSError):
+            break
+        if request is None:
+            break
+        args = expanded(request)
+        if request.get("verb") in ("receive", "data-receive"):
+            # Its files follow on stdin: read here, before the next request.
+            respond(request, channel, lambda: receive(request["verb"], args, stdin))
+            continue
+        threading.Thread(target=respond, daemon=True, args=(
+            request, channel, lambda r=request, a=args: answer(r, a, channel, mesh, follows))).start()
+    sys.stdout.flush()
+    os._exit(0)

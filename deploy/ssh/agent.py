@@ -1,0 +1,173 @@
+"""The controller's end of a host's agent (deploy/host/serve.py): one Python started once per
+host per run on one channel of the host's transport, asked every later step as a request.
+
+Requests are sent without waiting for earlier answers: asking every host, then collecting the
+answers, costs one round trip for all of them, and a host's step costs a round trip, not a
+login, a shell and a Python start. A reader thread per agent sorts the answers by request id
+and notes when the host was last heard (the agent beats every second even when idle).
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import threading
+import time
+from typing import Callable, Iterable
+
+import deploy.host.boot
+from deploy.errors import Failure
+from deploy.host.frames import read_frame
+from deploy.inventory.model import Host
+from deploy.plan.command import Request
+from deploy.plan.planner import agent_command
+from deploy.ssh.hostzip import host_zip
+from deploy.ssh.transport import LineStream, Transport, TransportError
+
+
+class StepFailed(Failure):
+    """A step on a host answered with an error, or not in time, or not as it must."""
+
+
+def boot_stdin() -> bytes:
+    """What the agent's python reads first (planner.agent_command): boot.py, which loads the
+    host package from memory, then the package, each headed by its length."""
+    boot = inspect.getsource(deploy.host.boot).encode()
+    package = host_zip()
+    return b"%d\n" % len(boot) + boot + b"%d\n" % len(package) + package
+
+
+class Reply:
+    """A request's answer, when it comes. A request answered by many frames (a follow) hands
+    each to `on_frame` until one says "end"; `on_end`, if given, is called with the reply once
+    it has ended (answered, failed or lost)."""
+
+    def __init__(self, agent: "HostAgent", step: str,
+                 on_frame: Callable[[dict], None] | None = None,
+                 on_end: Callable[["Reply"], None] | None = None):
+        self.agent, self.step, self.on_frame, self.on_end = agent, step, on_frame, on_end
+        self.done = threading.Event()
+        self.doc: dict | None = None
+        self.error = ""
+        self.number = 0          # its request's id on the agent's channel
+
+    def wait(self, timeout: float) -> dict:
+        """The answer; StepFailed naming the host, the step and how long it waited when none
+        came in `timeout` seconds, or when the host answered with an error."""
+        if not self.done.wait(timeout):
+            raise StepFailed(f"{self.agent.host.label}: {self.step}: no answer after "
+                             f"{timeout:g} s; abandoned")
+        if self.error:
+            raise StepFailed(f"{self.agent.host.label}: {self.step} failed: {self.error}")
+        return self.doc
+
+    def _end(self, doc: dict | None, error: str = "") -> None:
+        self.doc, self.error = doc, error
+        self.done.set()
+        if self.on_end is not None:
+            self.on_end(self)
+
+
+class HostAgent:
+    def __init__(self, host: Host, transport: Transport):
+        self.host, self.transport = host, transport
+        self.stream: LineStream = transport.stream(agent_command(host).line)
+        self.ids = itertools.count(1)
+        self.replies: dict[int, Reply] = {}
+        self.sending = threading.Lock()       # one frame at a time on the channel
+        self.table = threading.Lock()         # the replies awaited
+        self.heard = time.monotonic()
+        self.lost = ""                        # why the channel ended, once it has
+        self.stream.send(boot_stdin())
+        threading.Thread(target=self._read, daemon=True, name=f"agent-{host.name}").start()
+
+    def ask(self, request: Request, step: str, body: bytes = b"",
+            files: Iterable[bytes] | None = None, on_frame: Callable[[dict], None] | None = None,
+            on_end: Callable[[Reply], None] | None = None, **env: str) -> Reply:
+        """Send `request` (with `body`, or followed by the stream `files`) and return its
+        Reply at once."""
+        reply = Reply(self, step, on_frame, on_end)
+        header = request.wire(**env)
+        if body:
+            header["length"] = len(body)
+        with self.sending:
+            with self.table:
+                header["id"] = reply.number = number = next(self.ids)
+                self.replies[number] = reply
+                lost = self.lost
+            if lost:
+                return self._forget(number, lost)
+            try:
+                self.stream.send(json.dumps(header).encode() + b"\n")
+                if body:
+                    self.stream.send(body)
+                for piece in files or ():
+                    self.stream.send(piece)
+            except TransportError as exc:
+                return self._forget(number, str(exc))
+        return reply
+
+    def tell(self, request: Request) -> None:
+        """Send a request that is not answered (a follow's credit); a lost channel is noticed
+        by the reader."""
+        with self.sending:
+            try:
+                self.stream.send(json.dumps(request.wire()).encode() + b"\n")
+            except TransportError:
+                pass
+
+    def _forget(self, number: int, why: str) -> Reply:
+        with self.table:
+            reply = self.replies.pop(number)
+        reply._end(None, why)
+        return reply
+
+    def silent_for(self) -> float:
+        """Seconds since the host last said anything (a beat at least every second)."""
+        return time.monotonic() - self.heard
+
+    def _read(self) -> None:
+        try:
+            while (doc := read_frame(self.stream)) is not None:
+                self.heard = time.monotonic()
+                number = doc.pop("id", None)
+                if not doc["body"]:
+                    del doc["body"]
+                if number is None:
+                    continue                      # a beat
+                with self.table:
+                    reply = self.replies.get(number)
+                if reply is None:
+                    continue
+                if reply.on_frame is not None and "error" not in doc and not doc.get("end"):
+                    reply.on_frame(doc)
+                    continue
+                with self.table:
+                    self.replies.pop(number, None)
+                reply._end(doc, doc.get("error") or "")
+            why = self._ended()
+        except Exception as exc:  # a broken channel or garbage: every waiting step is told
+            why = f"{exc}"
+        self._fail_all(why)
+
+    def _ended(self) -> str:
+        """Why the agent's channel ended: its python's exit and last words."""
+        result = self.stream.outcome()
+        if result.code in (126, 127):
+            return (f"python {self.host.python!r} does not run there: {result.error_text()} "
+                    f"(set 'python:' in the inventory)")
+        return f"the host's agent ended ({result.error_text()})"
+
+    def _fail_all(self, why: str) -> None:
+        with self.table:
+            self.lost = why or "the host's agent ended"
+            replies, self.replies = list(self.replies.values()), {}
+        for reply in replies:
+            reply._end(None, self.lost)
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        except Exception:  # closing a broken channel may fail; it is being dropped
+            pass
+
