@@ -49,6 +49,10 @@ SSH_HELP = {
 }
 
 
+LOST_AFTER_HELP = ("seconds without a heartbeat from a host (its agent beats every second) "
+                   "after which it is lost: the run fails and the other hosts' tasks are "
+                   "stopped (default: 10; 0: never)")
+
 VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log and the "
                 "payload's {\"event\": ...} lines too (by default the console hides them; "
                 "runs/<id>/worker-<i>.log always keeps every byte)")
@@ -148,6 +152,7 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     **SSH_HELP,
     "start_timeout": "seconds for every task to reach its first training step before the run "
                      "is torn down (default: 120; 0: no watchdog)",
+    "lost_after": LOST_AFTER_HELP,
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
     "no_check": "skip the checks of `inv check` (versions, disk, ports, TCP mesh) before "
                 "starting",
@@ -159,7 +164,8 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
 })
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
-          start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False):
+          start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False,
+          lost_after="10"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -174,6 +180,7 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
                                start_timeout=seconds("--start-timeout", start_timeout),
+                               lost_after=seconds("--lost-after", lost_after),
                                check=not no_check,
                                restarts=count("--restarts", restarts, MAX_RESTARTS),
                                detach=detach, verbose=verbose)
@@ -333,10 +340,11 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
             "task": "print only task N's lines (every task's log is still kept locally)",
             "start_timeout": "with --follow: seconds for every task to reach its first "
                              "training step before the run is torn down (default: 0, off)",
+            "lost_after": "with --follow: " + LOST_AFTER_HELP,
             "verbose": "with --follow: " + VERBOSE_HELP + "; without --follow the log is "
                        "always printed as it is"})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
-         accept_new_host_keys=False, start_timeout="0", verbose=False):
+         accept_new_host_keys=False, start_timeout="0", verbose=False, lost_after="10"):
     """Print a run's logs; with --follow, reattach until the run ends.
 
     First the local copy, then what the hosts wrote since (nothing twice); the local copy
@@ -345,7 +353,8 @@ def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="1
         only = None if task is None else count("--task", task)
         return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
     run_task(action, connect_timeout, accept_new_host_keys,
-             start_timeout=seconds("--start-timeout", start_timeout), verbose=verbose)
+             start_timeout=seconds("--start-timeout", start_timeout), verbose=verbose,
+             lost_after=seconds("--lost-after", lost_after))
 
 
 @task(help={"run": RUN_HELP["run"], "runs_dir": RUN_HELP["runs_dir"]})

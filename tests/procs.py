@@ -42,6 +42,16 @@ def wait_until_gone(run_id: str, timeout: float, interval: float = 0.1) -> list[
         time.sleep(interval)
 
 
+def wait_for_processes(run_id: str, count: int, timeout: float = 10,
+                       interval: float = 0.05) -> list[int]:
+    """The run's processes once there are at least `count` (a supervisor starts its task a
+    moment after it is itself started), or as many as there are at the timeout."""
+    deadline = time.monotonic() + timeout
+    while len(found := processes_of_run(run_id)) < count and time.monotonic() < deadline:
+        time.sleep(interval)
+    return found
+
+
 def _state(pid: str) -> str:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()

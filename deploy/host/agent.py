@@ -5,7 +5,6 @@ A task runs in a session and process group of its own under a supervisor (this p
 again, `supervise`), which records its exit code: a dropped SSH connection ends nothing, and
 teardown (teardown.py) finds every process by its group and the run id in its environment.
 """
-import base64
 import os
 import signal
 import subprocess
@@ -128,15 +127,6 @@ def statuses(rundir, offsets, thorough=True):
         status.update(size=size, offset=offset + len(data))
         tasks[task] = (status, data)
     return tasks
-
-
-def poll(rundir, offsets, thorough=True):
-    """One answer: each task's state and new log bytes, base64 in JSON."""
-    tasks = {}
-    for task, (status, data) in statuses(rundir, offsets, thorough).items():
-        status["data"] = base64.b64encode(data).decode("ascii")
-        tasks[task] = status
-    return {"tasks": tasks}
 
 
 def follow(rundir, offsets, send, interval=0.1):

@@ -142,11 +142,14 @@ def replace_backup(rundir, body):
     return {}
 
 
-def cleanup(args):
-    """A host that never got the run (its push failed) has nothing to clean, and says so."""
+def ending(verb, args):
+    """Stop (or clean up) the run here. A host that never got the run (its push failed), or
+    whose teardown is done already, has nothing to end, and says so."""
     rundir = args[0]
     if not os.path.isdir(rundir):
-        return {"survivors": [], "absent": True}
+        return {"signalled": {}, "survivors": [], "absent": True}
+    if verb == "stop":
+        return teardown.stop(rundir, float(args[1]))
     return teardown.cleanup(rundir, float(args[1]), *args[2:3])
 
 
@@ -169,7 +172,9 @@ def answer(request, args, channel, mesh, follows):
         head = args[:args.index("--")]
         return agent.launch(rundir, task, cwd, tail, head[3] if len(head) > 3 else None, env)
     if verb == "poll":
-        return agent.poll(args[0], parse_offsets(args[1:]))
+        tasks = agent.statuses(args[0], parse_offsets(args[1:]))
+        return {"tasks": {task: status for task, (status, _) in tasks.items()},
+                "chunks": {task: data for task, (_, data) in tasks.items() if data}}
     if verb == "follow":
         credits = follows[request["id"]] = threading.Semaphore(WINDOW)
 
@@ -188,10 +193,8 @@ def answer(request, args, channel, mesh, follows):
         if credits is not None:
             credits.release()
         return None
-    if verb == "stop":
-        return teardown.stop(args[0], float(args[1]))
-    if verb == "cleanup":
-        return cleanup(args)
+    if verb in ("stop", "cleanup"):
+        return ending(verb, args)
     if verb == "tar-out":
         return {"body": tar_out(args[0])}
     if verb == "replace-backup":
@@ -203,8 +206,9 @@ def answer(request, args, channel, mesh, follows):
 
 
 def respond(request, channel, work):
-    """Run `work` and send its answer (or the error) under the request's id. None: the verb
-    answers by itself (the mesh phases)."""
+    """Run `work` and send its answer (or the error) under the request's id; the answer's
+    "body" and "chunks" (task -> log bytes) travel as bytes (frames.py). None: the verb
+    answers by itself (the mesh phases) or not at all (a credit)."""
     try:
         doc = work()
     except EXPECTED as exc:
@@ -215,8 +219,8 @@ def respond(request, channel, work):
         doc = {"error": "%s: %s" % (type(exc).__name__, exc)}
     if doc is None:
         return
-    body = doc.pop("body", b"")
-    channel.send(dict(doc, id=request["id"]), body=body)
+    body, chunks = doc.pop("body", b""), doc.pop("chunks", None)
+    channel.send(dict(doc, id=request["id"]), chunks, body)
 
 
 def serve(stdin, stdout):

@@ -49,8 +49,10 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
     verb = "would free" if dry_run else "freed"
     for host in inventory.hosts:
         try:
-            session = Session.open(Inventory((host,)), connect_timeout, accept_new_host_keys)
+            session, errors = Session.open_each([host], connect_timeout, accept_new_host_keys)
             try:
+                if errors:
+                    raise errors[host.name]
                 freed = session.agents[host.name].ask(
                     prune_request(host, older_than, dry_run), "prune",
                     keep.document(host)).wait(600)

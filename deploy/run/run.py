@@ -5,7 +5,6 @@ stopping.py stops its tasks, restarts.py relaunches it, finish.py tears it down.
 """
 from __future__ import annotations
 
-import base64
 import signal
 import threading
 from dataclasses import dataclass
@@ -33,6 +32,9 @@ class RunSettings:
     # A worker whose peer never comes waits for an hour and ignores SIGTERM: without this
     # watchdog a missing or blocked peer is a silent hang.
     start_timeout: float = 120.0
+    # A host whose agent sends no heartbeat for this long is lost: the run fails and every
+    # other host's tasks are stopped. 0: never.
+    lost_after: float = 10.0
     restarts: int = 0
     detach: bool = False
     # Probe every host and the TCP mesh before anything is written anywhere (run/check.py).
@@ -95,7 +97,7 @@ class Run:
             for task in self.tasks:
                 if task.index in answers:
                     status = answers[task.index]
-                    self.apply(task, status, base64.b64decode(status.get("data", "")),
+                    self.apply(task, status, status.pop("data", b""),
                                shown=print_lines)
                     more = more or task.offset < task.size
             if not more:

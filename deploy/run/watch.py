@@ -18,8 +18,10 @@ from deploy.state.progress import TaskProgress
 
 
 class Watch:
-    def __init__(self, run: Run, start_timeout: float, restarter=None):
+    def __init__(self, run: Run, start_timeout: float, restarter=None, lost_after: float = 0.0):
         self.run, self.start_timeout, self.restarter = run, start_timeout, restarter
+        # A host silent this long (no heartbeat from its agent) is lost; 0: never.
+        self.lost_after = lost_after
         self.followers = Followers(run.plan, run.session.agents)
         self.stopper = Stopper(run, self.followers)
         self.by_index = {t.index: t for t in run.tasks}
@@ -31,6 +33,7 @@ class Watch:
         self.roles = run.plan.has_roles
         self.ending = False          # the chief finished: the others are being stopped
         self.quiet: set[str] = set()  # hosts whose follower ended with all their tasks
+        self.lost: set[str] = set()   # hosts given up on (no heartbeat)
 
     def follow(self) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
@@ -44,6 +47,7 @@ class Watch:
                         self.check_started()
                         deadline = 0.0
                     self.stopper.stop_unanswered()
+                    self.watch_heartbeats()
                     event = self.followers.next(timeout=0.25)
                     if event is not None:
                         self.handle(event, view)
@@ -60,7 +64,40 @@ class Watch:
         finally:
             self.followers.close()
 
+    def watch_heartbeats(self) -> None:
+        """A host whose agent has said nothing for lost_after seconds (every agent beats each
+        second) is lost: frozen, cut off, or gone."""
+        if not self.lost_after:
+            return
+        for hp in self.run.plan.hosts:
+            tasks = self.host_tasks[hp.host.name]
+            if hp.host.name in self.lost or all(t.finished for t in tasks):
+                continue
+            silent = self.run.session.agents[hp.host.name].silent_for()
+            if silent > self.lost_after:
+                self.host_lost(hp, silent)
+
+    def host_lost(self, hp, silent: float) -> None:
+        """Give up on the host (nothing more is asked of it, nothing awaited), fail the run
+        and stop every other host's tasks."""
+        run = self.run
+        why = f"{hp.host.label}: no heartbeat for {silent:.0f} s"
+        self.lost.add(hp.host.name)
+        run.session.agents[hp.host.name].abandon(
+            f"lost ({why[len(hp.host.label) + 2:]}); its tasks may still run there: "
+            f"`inv down --run {run.plan.run_id}` stops them once it answers again")
+        for task in self.host_tasks[hp.host.name]:
+            task.host_lost()
+        if run.failure is None and not self.ending:
+            run.failure = (self.host_tasks[hp.host.name][0], why)
+            say(run.console, f"{why}: the host is lost — stopping the other tasks", "red")
+            self.stopper.stop()
+        else:
+            say(run.console, f"{why}: the host is lost", "red")
+
     def handle(self, event: Event, view: LiveView) -> None:
+        if event.host in self.lost:
+            return                       # what it said before it was given up on
         if event.kind == "doc":
             self.take(event, view)
         elif all(t.finished for t in self.host_tasks[event.host]):
@@ -155,7 +192,7 @@ def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
     """Watch the run until every task has ended; on a failure, relaunch while `restarter`
     allows (--restarts)."""
     while True:
-        Watch(run, settings.start_timeout, restarter).follow()
+        Watch(run, settings.start_timeout, restarter, settings.lost_after).follow()
         if run.failure is None or restarter is None:
             return
         if run.plan.has_roles:

@@ -57,6 +57,8 @@ class Reply:
         if not self.done.wait(timeout):
             raise StepFailed(f"{self.agent.host.label}: {self.step}: no answer after "
                              f"{timeout:g} s; abandoned")
+        if self.error and self.error == self.agent.lost:     # the agent itself is gone
+            raise StepFailed(f"{self.agent.host.label}: {self.error} (during: {self.step})")
         if self.error:
             raise StepFailed(f"{self.agent.host.label}: {self.step} failed: {self.error}")
         return self.doc
@@ -156,14 +158,22 @@ class HostAgent:
         if result.code in (126, 127):
             return (f"python {self.host.python!r} does not run there: {result.error_text()} "
                     f"(set 'python:' in the inventory)")
+        if result.code < 0:
+            return "the connection was lost"
         return f"the host's agent ended ({result.error_text()})"
 
     def _fail_all(self, why: str) -> None:
         with self.table:
-            self.lost = why or "the host's agent ended"
+            self.lost = self.lost or why or "the host's agent ended"
             replies, self.replies = list(self.replies.values()), {}
         for reply in replies:
             reply._end(None, self.lost)
+
+    def abandon(self, why: str) -> None:
+        """Give up on the host: every awaited answer and every later request fails at once
+        with `why`, and the channel is dropped."""
+        self._fail_all(why)
+        self.close()
 
     def close(self) -> None:
         try:

@@ -33,8 +33,8 @@ def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
     return result
 
 
-# An agent answers with one JSON object on its last line; past this size it is not an answer
-# (the largest, a poll, carries at most 1 MiB of log per task, base64-encoded).
+# A command of its own (inv setup's steps) answers with one JSON object on its last line; past
+# this size it is not an answer.
 MAX_ANSWER_BYTES = 256 << 20
 
 

@@ -86,6 +86,12 @@ class TaskProgress:
         """Ended, and every byte of its log read."""
         return self.state in FINAL_STATES and self.offset >= self.size
 
+    def host_lost(self) -> None:
+        """Its host stopped answering: nothing more will be read of it here."""
+        if self.state not in FINAL_STATES:
+            self.state = "lost"
+        self.size = self.offset
+
     @property
     def failed(self) -> bool:
         return self.state == "lost" or (self.state == "exited" and self.code != 0)

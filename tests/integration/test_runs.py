@@ -15,7 +15,7 @@ import pytest
 import test_train
 from test_train import REPO, assert_nothing_left, crash_payload, interrupt, wait_for_first_epoch
 
-from procs import processes_of_run, wait_until_gone
+from procs import processes_of_run, wait_for_processes, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_detach_status_and_logs_follow_complete_the_run(lab, tmp_path):
     try:
         run_id = detach(inventory, runs, "--args", "--epochs 6 --steps-per-epoch 10")
         assert record(runs, run_id)["state"] == "detached"
-        assert len(processes_of_run(run_id)) >= 4, "two tasks and their supervisors run on"
+        assert len(wait_for_processes(run_id, 4)) >= 4, "two tasks and their supervisors run on"
         listing = inv("runs", "--runs-dir", str(runs))
         assert listing.returncode == 0 and run_id in listing.stdout and "detached" in listing.stdout
         assert "h1, h2" in listing.stdout

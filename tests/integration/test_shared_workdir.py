@@ -16,7 +16,7 @@ import test_train
 from test_runs import detach, inv, kill_by_records, record, remote_dir
 from test_train import assert_nothing_left, only_run
 
-from procs import processes_of_run, wait_until_gone
+from procs import processes_of_run, wait_for_processes, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ def test_two_detached_runs_side_by_side_private_and_stopped_one_by_one(shared, t
         a = detach(inventory, runs, *long)
         b = detach(inventory, runs, *long)
         # Each run: two tasks, each under its supervisor, all alive.
-        assert len(processes_of_run(a)) >= 4 and len(processes_of_run(b)) >= 4
+        assert len(wait_for_processes(a, 4)) >= 4 and len(wait_for_processes(b, 4)) >= 4
         for run_id in (a, b):
             members = sorted(os.listdir(remote_dir(hosts[0], run_id) / "hosts"))
             assert members == ["h1.json", "h2.json"]

@@ -1,12 +1,12 @@
-"""The host-side agent, run locally as it runs on a host: ports, launch, poll, follow, stop,
-cleanup; and one planned launch end to end through the local transport (no SSH, no network).
+"""The host's agent (deploy/host/serve.py), started locally exactly as the controller starts
+one (tests/hostpkg.py LocalAgent): launch, poll, follow, stop, cleanup as requests; and one
+planned launch end to end through the local transport (no SSH, no network).
 
 Every test uses its own run id, and whatever a test started is ended afterwards by pid: the
 processes whose environment holds that run's TFDEPLOY_RUN_ID (tests/procs.py).
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import io
 import json
@@ -24,13 +24,16 @@ import pytest
 
 import hostpkg
 from deploy.host import env as hostenv
-from deploy.host.frames import read_frame
+from deploy.host.serve import WINDOW
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import (
-    Options, cleanup_command, fetch_output_command, framed, plan_run, poll_command, stop_command
+    Options, cleanup_request, credit_request, fetch_backup_request, fetch_output_request,
+    follow_request, plan_run, poll_request, replace_backup_request, stop_request
 )
 from deploy.push.payload import PayloadPush
+from deploy.run.follow import Followers
+from deploy.ssh.agent import HostAgent, StepFailed
 from deploy.ssh.transport import LocalTransport
 from procs import processes_of_run, wait_until_gone
 
@@ -58,34 +61,32 @@ def rundir(tmp_path, run_id):
     path = tmp_path / "work" / "runs" / run_id
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"run_id": run_id}))
+    hostpkg.place(path)         # as the push leaves it: each task's supervisor runs from it
     return path
 
 
-def run_agent(*args: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*hostpkg.command(Path(args[1])), *args], input=stdin, text=True,
-                          capture_output=True, timeout=30, env=env)
+@pytest.fixture
+def host():
+    """The host's agent, started as the controller starts it (over the local transport)."""
+    with hostpkg.LocalAgent() as agent:
+        yield agent
 
 
-def agent(*args: str, stdin: str = "", env: dict | None = None) -> dict:
-    done = run_agent(*args, stdin=stdin, env=env)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+def launch(host: hostpkg.LocalAgent, rundir: Path, task: int, *argv: str,
+           env: dict | None = None, prefer: str | None = None) -> dict:
+    return host.ask("launch", rundir, task, rundir, *([prefer] if prefer else []), "--", *argv,
+                    TFDEPLOY_RUN_ID=rundir.name, **(env or {}))
 
 
-def launch(rundir: Path, task: int, *argv: str, env: dict | None = None, **kw) -> dict:
-    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name, **(env or {})}}
-    return agent("launch", str(rundir), str(task), str(rundir), "--", *argv,
-                 stdin=json.dumps(doc), **kw)
+def poll(host: hostpkg.LocalAgent, rundir: Path, task: int, offset: int = 0) -> dict:
+    return host.ask("poll", rundir, f"{task}:{offset}")["tasks"][str(task)]
 
 
-def poll(rundir: Path, task: int, offset: int = 0) -> dict:
-    return agent("poll", str(rundir), f"{task}:{offset}")["tasks"][str(task)]
-
-
-def poll_until_ended(rundir: Path, task: int, timeout: float = 15) -> dict:
+def poll_until_ended(host: hostpkg.LocalAgent, rundir: Path, task: int,
+                     timeout: float = 15) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = poll(rundir, task)
+        status = poll(host, rundir, task)
         if status["state"] in ("exited", "lost"):
             return status
         time.sleep(0.05)
@@ -102,83 +103,82 @@ def wait_for_log(rundir: Path, task: int, text: bytes, timeout: float = 10) -> N
     raise AssertionError(f"{text!r} never appeared in {log}")
 
 
-def test_launch_records_exit_code_and_log(rundir, run_id):
-    info = launch(rundir, 0, "/bin/sh", "-c", "echo hi; exit 4")
+def test_launch_records_exit_code_and_log(host, rundir, run_id):
+    info = launch(host, rundir, 0, "/bin/sh", "-c", "echo hi; exit 4")
     assert info["pid"] == info["pgid"] and info["started"] > 0
     assert json.loads((rundir / "worker-0.pid").read_text()) == info
-    status = poll_until_ended(rundir, 0)
+    status = poll_until_ended(host, rundir, 0)
     assert (status["state"], status["code"], status["pid"]) == ("exited", 4, info["pid"])
-    assert base64.b64decode(status["data"]) == b"hi\n"
+    assert status["data"] == b"hi\n"
     assert (status["offset"], status["size"]) == (3, 3)
     assert status["ended"] >= status["started"]
     assert (rundir / "worker-0.log").read_bytes() == b"hi\n"
     assert json.loads((rundir / "worker-0.exit").read_text())["code"] == 4
     # Reading on from an offset gives only the rest.
-    rest = poll(rundir, 0, offset=1)
-    assert base64.b64decode(rest["data"]) == b"i\n" and rest["offset"] == 3
+    rest = poll(host, rundir, 0, offset=1)
+    assert rest["data"] == b"i\n" and rest["offset"] == 3
     assert wait_until_gone(run_id, 5) == []       # the supervisor exits right after the task
 
 
 @pytest.mark.parametrize("exists", [True, False])
-def test_launch_prefers_the_setup_env_python_when_it_exists(rundir, tmp_path, exists):
+def test_launch_prefers_the_setup_env_python_when_it_exists(host, rundir, tmp_path, exists):
     """`inv setup`'s interpreter replaces ARGV[0] when present; else the host's python runs."""
     envpy = tmp_path / "envs" / "k" / "bin" / "python"
     if exists:
         envpy.parent.mkdir(parents=True)
         envpy.symlink_to(sys.executable)
-    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name}}
-    agent("launch", str(rundir), "0", str(rundir), str(envpy), "--", sys.executable, "-c",
-          "import sys; print(sys.executable)", stdin=json.dumps(doc))
-    status = poll_until_ended(rundir, 0)
+    launch(host, rundir, 0, sys.executable, "-c", "import sys; print(sys.executable)",
+           prefer=str(envpy))
+    status = poll_until_ended(host, rundir, 0)
     assert status["code"] == 0
-    ran = base64.b64decode(status["data"]).decode().strip()
+    ran = status["data"].decode().strip()
     assert ran == (str(envpy) if exists else sys.executable)
 
 
-def test_launch_passes_the_environment_from_stdin_and_runs_in_cwd(rundir):
+def test_launch_passes_the_environment_of_the_request_and_runs_in_cwd(host, rundir):
     hostile = "a b 'c' \"d\" $(touch x) `id` ;\nnaïve"
-    launch(rundir, 0, "/bin/sh", "-c", 'printf "%s|%s|%s" "$GREETING" "$TFDEPLOY_RUN_ID" "$PWD"',
-           env={"GREETING": hostile})
-    status = poll_until_ended(rundir, 0)
+    launch(host, rundir, 0, "/bin/sh", "-c",
+           'printf "%s|%s|%s" "$GREETING" "$TFDEPLOY_RUN_ID" "$PWD"', env={"GREETING": hostile})
+    status = poll_until_ended(host, rundir, 0)
     assert status["code"] == 0
-    assert base64.b64decode(status["data"]).decode() == f"{hostile}|{rundir.name}|{rundir}"
+    assert status["data"].decode() == f"{hostile}|{rundir.name}|{rundir}"
     assert not (rundir / "x").exists()
 
 
-def test_path_variables_are_expanded_and_created_on_the_host(rundir, tmp_path):
+def test_path_variables_are_expanded_and_created_on_the_host(rundir, tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
-    env = {**os.environ, "HOME": str(home)}
     # The agent runs with a private HOME, so ~/ is that directory, not this user's home.
-    doc = {"env": {"TFDEPLOY_RUN_ID": rundir.name, "TFDEPLOY_OUTPUT_DIR": "~/out/put"}}
-    agent("launch", str(rundir), "0", str(rundir), "--", "/bin/sh", "-c",
-          'printf %s "$TFDEPLOY_OUTPUT_DIR"', stdin=json.dumps(doc), env=env)
-    status = poll_until_ended(rundir, 0)
-    assert base64.b64decode(status["data"]).decode() == f"{home}/out/put"
+    monkeypatch.setenv("HOME", str(home))
+    with hostpkg.LocalAgent() as host:
+        launch(host, rundir, 0, "/bin/sh", "-c", 'printf %s "$TFDEPLOY_OUTPUT_DIR"',
+               env={"TFDEPLOY_OUTPUT_DIR": "~/out/put"})
+        status = poll_until_ended(host, rundir, 0)
+    assert status["data"].decode() == f"{home}/out/put"
     assert (home / "out" / "put").is_dir()
 
 
-def test_a_program_that_cannot_start_exits_127(rundir):
-    launch(rundir, 0, str(rundir / "no-such-program"))
-    status = poll_until_ended(rundir, 0)
+def test_a_program_that_cannot_start_exits_127(host, rundir):
+    launch(host, rundir, 0, str(rundir / "no-such-program"))
+    status = poll_until_ended(host, rundir, 0)
     assert (status["state"], status["code"]) == ("exited", 127)
-    assert b"tfdeploy: cannot start" in base64.b64decode(status["data"])
+    assert b"tfdeploy: cannot start" in status["data"]
 
 
-def test_poll_of_a_task_never_launched_is_pending(rundir):
-    status = poll(rundir, 7)
-    assert status == {"state": "pending", "size": 0, "offset": 0, "data": ""}
+def test_poll_of_a_task_never_launched_is_pending(host, rundir):
+    status = poll(host, rundir, 7)
+    assert status == {"state": "pending", "size": 0, "offset": 0, "data": b""}
 
 
-def test_poll_refuses_a_directory_that_is_not_a_run(tmp_path):
-    done = run_agent("poll", str(tmp_path), "0:0")
-    assert done.returncode != 0 and "not a tfdeploy run directory" in done.stderr
+def test_poll_refuses_a_directory_that_is_not_a_run(host, tmp_path):
+    with pytest.raises(StepFailed, match="poll failed: not a tfdeploy run directory"):
+        host.ask("poll", tmp_path, "0:0")
 
 
-def test_a_killed_supervisor_makes_the_task_lost(rundir):
-    info = launch(rundir, 0, "sleep", "60")
+def test_a_killed_supervisor_makes_the_task_lost(host, rundir):
+    info = launch(host, rundir, 0, "sleep", "60")
     os.killpg(info["pgid"], signal.SIGKILL)      # the whole group, as a crash or OOM would
-    status = poll_until_ended(rundir, 0)
+    status = poll_until_ended(host, rundir, 0)
     assert status["state"] == "lost" and "code" not in status
 
 
@@ -190,38 +190,70 @@ def wait_for_processes(run_id: str, count: int, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def test_stop_ends_a_sleeping_task_with_sigterm(rundir, run_id):
-    info = launch(rundir, 0, "sleep", "60")
+def test_stop_ends_a_sleeping_task_with_sigterm(host, rundir, run_id):
+    info = launch(host, rundir, 0, "sleep", "60")
     wait_for_processes(run_id, 2)                 # the supervisor and sleep
-    result = agent("stop", str(rundir), "1")
+    result = host.ask("stop", rundir, "1")
     assert result == {"signalled": {"0": ["SIGTERM"]}, "survivors": []}
     assert processes_of_run(run_id) == []
-    status = poll_until_ended(rundir, 0)
+    status = poll_until_ended(host, rundir, 0)
     # The supervisor outlives the TERM and records how its child ended: 128 + SIGTERM.
     assert (status["state"], status["code"]) == ("exited", 128 + signal.SIGTERM)
     assert status["pid"] == info["pid"]
     # Stopping again finds nothing to signal.
-    assert agent("stop", str(rundir), "1") == {"signalled": {}, "survivors": []}
+    assert host.ask("stop", rundir, "1") == {"signalled": {}, "survivors": []}
 
 
-def test_stop_escalates_to_kill_for_a_task_that_ignores_term(rundir, run_id):
-    launch(rundir, 0, sys.executable, "-c",
+def test_stop_escalates_to_kill_for_a_task_that_ignores_term(host, rundir, run_id):
+    launch(host, rundir, 0, sys.executable, "-c",
            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
            "print('ready', flush=True); time.sleep(60)")
     wait_for_log(rundir, 0, b"ready\n")
-    result = agent("stop", str(rundir), "0.3")
+    result = host.ask("stop", rundir, "0.3")
     assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
     assert processes_of_run(run_id) == []
-    assert poll_until_ended(rundir, 0)["state"] in ("exited", "lost")
+    assert poll_until_ended(host, rundir, 0)["state"] in ("exited", "lost")
 
 
-def test_follow_streams_until_every_task_has_ended(rundir):
-    launch(rundir, 0, "/bin/sh", "-c", "echo one; sleep 0.3; echo two")
-    launch(rundir, 1, "/bin/sh", "-c", "exit 3")
-    done = subprocess.run([*hostpkg.command(rundir), "follow", str(rundir), "0:0", "1:0"],
-                          capture_output=True, timeout=30, check=True)
-    stream = io.BytesIO(done.stdout)
-    docs = list(iter(lambda: read_frame(stream), None))
+class Following:
+    """A follow request through the controller's end of the agent (deploy/ssh/agent.py): its
+    frames as they come; a credit for each frame taken, unless `credits` is False."""
+
+    def __init__(self, agent: HostAgent, rundir: Path, offsets: dict[str, int],
+                 credits: bool = True):
+        self.agent, self.credits = agent, credits
+        self.frames: list[dict] = []
+        self.arrived = threading.Condition()
+        self.ended = threading.Event()
+        self.reply = agent.ask(follow_request(str(rundir), offsets), "following",
+                               on_frame=self._frame, on_end=lambda reply: self.ended.set())
+
+    def _frame(self, doc: dict) -> None:
+        with self.arrived:
+            self.frames.append(doc)
+            self.arrived.notify_all()
+        if self.credits:
+            self.credit()
+
+    def credit(self) -> None:
+        self.agent.tell(credit_request(self.reply.number))
+
+    def wait_for(self, count: int, timeout: float = 15) -> list[dict]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.frames) >= count, timeout), \
+                f"{len(self.frames)} frames of {count}"
+            return list(self.frames)
+
+    def end(self, timeout: float = 30) -> dict:
+        return self.reply.wait(timeout)
+
+
+def test_follow_streams_until_every_task_has_ended(host, rundir):
+    launch(host, rundir, 0, "/bin/sh", "-c", "echo one; sleep 0.3; echo two")
+    launch(host, rundir, 1, "/bin/sh", "-c", "exit 3")
+    following = Following(host.agent, rundir, {"0": 0, "1": 0})
+    assert following.end() == {"end": True}
+    docs = following.frames
     logged = b"".join(d["tasks"]["0"]["data"] for d in docs if "0" in d["tasks"])
     assert logged == b"one\ntwo\n"
     finals = {}
@@ -231,34 +263,107 @@ def test_follow_streams_until_every_task_has_ended(rundir):
         "0": ("exited", 0), "1": ("exited", 3)}
 
 
-def test_cleanup_refuses_a_directory_not_named_after_its_run(rundir, tmp_path, run_id):
+def test_a_follow_sends_at_most_its_window_ahead_of_the_credits(host, rundir, run_id):
+    """A controller that takes no frame stops the host's follow after WINDOW frames; the logs
+    wait on the host's disk, and each credit lets one more frame come."""
+    launch(host, rundir, 0, "/bin/sh", "-c",
+           "i=0; while :; do echo line $i; i=$((i+1)); sleep 0.05; done")
+    following = Following(host.agent, rundir, {"0": 0}, credits=False)
+    following.wait_for(WINDOW)
+    time.sleep(0.5)              # ten more lines logged: frames beyond the window, were any sent
+    assert len(following.frames) == WINDOW and not following.ended.is_set()
+    assert host.ask("poll", rundir, "0:0")["tasks"]["0"]["state"] == "running"  # still answers
+    following.credit()
+    following.credit()
+    assert len(following.wait_for(WINDOW + 2)) == WINDOW + 2
+    time.sleep(0.3)
+    assert len(following.frames) == WINDOW + 2
+    assert host.ask("stop", rundir, "5")["signalled"] == {"0": ["SIGTERM"]}
+    following.credits = True     # from now on every frame taken is credited, as Followers do
+    for _ in range(WINDOW):
+        following.credit()
+    assert following.end() == {"end": True}
+    logged = b"".join(d["tasks"]["0"]["data"] for d in following.frames if "0" in d["tasks"])
+    assert logged == (rundir / "worker-0.log").read_bytes() and logged.count(b"\n") > 10
+
+
+def test_followers_take_a_flood_of_frames_crediting_each_and_a_stop_through_them(
+        tmp_path, run_id):
+    """deploy/run/follow.py as a run uses it: every frame taken from the queue lets the agent
+    send one more, so a log of many frames arrives whole; a stop asked through the followers
+    is answered as a document (its answer and the follow's end come in either order)."""
+    host = hostpkg.local_host(str(tmp_path / "work"))
+    plan = plan_run(Inventory("h.yaml", (dataclasses.replace(host, workers=2),)),
+                    Options(), run_id, {0: 1, 1: 2})
+    (hp,) = plan.hosts
+    rundir = Path(hp.run_dir)
+    (rundir / "payload").mkdir(parents=True)
+    (rundir / "run.json").write_text(json.dumps({"run_id": run_id}))
+    hostpkg.place(rundir)
+    with hostpkg.LocalAgent(host) as local:
+        # 6 MiB of log: at least six frames (a frame carries at most MAX_CHUNK of a task's
+        # log), more than the window however fast the log is written.
+        flood = local.ask("launch", rundir, "0", rundir, "--", sys.executable, "-c",
+                          "import sys\nfor i in range(6144): sys.stdout.write('x' * 1023 + '\\n')",
+                          TFDEPLOY_RUN_ID=run_id)
+        local.ask("launch", rundir, "1", rundir, "--", "sleep", "60", TFDEPLOY_RUN_ID=run_id)
+        followers = Followers(plan, {"h": local.agent})
+        followers.start_all({0: 0, 1: 0})
+        logged, frames, stopped, ended = b"", 0, None, False
+        deadline = time.monotonic() + 30
+        while not (ended and stopped) and time.monotonic() < deadline:
+            event = followers.next(1.0)
+            if event is None:
+                continue
+            assert event.kind != "error", event.error
+            if event.kind == "end":
+                ended = True
+            elif "stopped" in event.doc:
+                stopped = event.doc["stopped"]
+            else:
+                frames += 1
+                status = event.doc["tasks"].get("0")
+                logged += status["data"] if status else b""
+                if status and status["state"] == "exited" and status["offset"] >= status[
+                        "size"] and stopped is None:
+                    assert followers.send_stop(5) == []
+                    stopped = {}
+        followers.close()
+    assert ended and flood["pid"] > 0
+    assert logged == (rundir / "worker-0.log").read_bytes() == (b"x" * 1023 + b"\n") * 6144
+    assert frames >= 6 > WINDOW  # more than the window: the credits kept the follow going
+    # Task 1 was running; task 0's supervisor may still have been on its way out.
+    assert stopped["signalled"]["1"] == ["SIGTERM"] and stopped["survivors"] == []
+
+
+def test_cleanup_refuses_a_directory_not_named_after_its_run(host, rundir, tmp_path, run_id):
     impostor = tmp_path / "work" / "runs" / "other-name"
     impostor.mkdir()
     (impostor / "run.json").write_text(json.dumps({"run_id": run_id}))
-    refused = run_agent("cleanup", str(impostor), "1")
-    assert refused.returncode != 0 and "refusing to delete" in refused.stderr
+    with pytest.raises(StepFailed, match="refusing to delete"):
+        host.ask("cleanup", impostor, "1")
     assert (impostor / "run.json").exists()
     # Named after the run, but not below a runs/ directory.
     stray = tmp_path / "elsewhere" / run_id
     stray.mkdir(parents=True)
     (stray / "run.json").write_text(json.dumps({"run_id": run_id}))
-    refused = run_agent("cleanup", str(stray), "1")
-    assert refused.returncode != 0 and "refusing to delete" in refused.stderr
+    with pytest.raises(StepFailed, match="refusing to delete"):
+        host.ask("cleanup", stray, "1")
     assert stray.exists()
     # No run.json at all.
     bare = tmp_path / "work" / "runs" / "bare"
     bare.mkdir()
-    refused = run_agent("cleanup", str(bare), "1")
-    assert refused.returncode != 0 and "not a tfdeploy run directory" in refused.stderr
+    with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
+        host.ask("cleanup", bare, "1")
     assert bare.exists()
 
 
-def test_cleanup_stops_the_run_and_removes_its_directory(rundir, tmp_path, run_id):
-    launch(rundir, 0, "sleep", "60")
+def test_cleanup_stops_the_run_and_removes_its_directory(host, rundir, tmp_path, run_id):
+    launch(host, rundir, 0, "sleep", "60")
     wait_for_processes(run_id, 2)
     (rundir / "output").mkdir()
     (rundir / "output" / "model.bin").write_bytes(b"\0" * 10)
-    result = agent("cleanup", str(rundir), "1")
+    result = host.ask("cleanup", rundir, "1")
     assert result["survivors"] == [] and result["removed"] == os.path.realpath(rundir)
     assert result["signalled"] == {"0": ["SIGTERM"]}
     assert not rundir.exists()
@@ -266,8 +371,12 @@ def test_cleanup_stops_the_run_and_removes_its_directory(rundir, tmp_path, run_i
     assert processes_of_run(run_id) == []
 
 
-def test_unknown_verb_fails(rundir):
-    done = run_agent("explode", str(rundir))
+def test_unknown_verb_fails(host, rundir):
+    with pytest.raises(StepFailed, match="unknown request 'explode'"):
+        host.ask("explode", rundir)
+    # The host package's own command line has its few verbs and refuses the others.
+    done = subprocess.run([*hostpkg.command(rundir), "explode", str(rundir)],
+                          capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "unknown verb" in done.stderr
 
 
@@ -306,54 +415,55 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     (hp,) = plan.hosts
     (task,) = hp.tasks
     transport = LocalTransport(host)
+    agent = HostAgent(host, transport)
+    try:
+        push = PayloadPush(payload, "train.py", run_id)
+        answer = agent.ask(hp.push, "push", push.stage).wait(60)
+        # A small new file rides along with the manifest: one round trip assembles the payload.
+        assert answer["received"] == [f.sha256 for f in push.files] and answer["missing"] == []
+        assert answer["assembled"] is True
+        rundir = Path(hp.run_dir)
+        assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
 
-    push = PayloadPush(payload, "train.py", run_id)
-    pushed = transport.run(hp.push.line, stdin=framed(push.stage))
-    assert pushed.code == 0, pushed.stderr
-    # A small new file rides along with the manifest: one round trip assembles the payload.
-    answer = json.loads(pushed.stdout)
-    assert answer["received"] == [f.sha256 for f in push.files] and answer["missing"] == []
-    assert answer["assembled"] is True
-    rundir = Path(hp.run_dir)
-    assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
+        agent.ask(task.launch, "launch").wait(30)
+        deadline = time.monotonic() + 15
+        while True:
+            status = agent.ask(poll_request(hp.run_dir, {"0": 0}), "poll").wait(30)["tasks"]["0"]
+            if status["state"] in ("exited", "lost") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        log = status["data"].decode()
+        assert (status["state"], status["code"]) == ("exited", 0), log
+        seen = json.loads(log)
+        assert seen["argv"] == list(args)
+        assert seen["cwd"] == f"{rundir}/payload"
+        assert seen["env"] == {k: task.env[k].value for k in names}
+        assert seen["env"]["SECRET"] == "s3cr3t $HOME"
+        assert not canary.exists()
 
-    started = transport.run(task.launch.line, stdin=task.launch.env_stdin())
-    assert started.code == 0, started.stderr
-    deadline = time.monotonic() + 15
-    while True:
-        answer = transport.run(poll_command(host, hp.run_dir, {0: 0}).line)
-        status = json.loads(answer.stdout)["tasks"]["0"]
-        if status["state"] in ("exited", "lost") or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    log = base64.b64decode(status["data"]).decode()
-    assert (status["state"], status["code"]) == ("exited", 0), log
-    seen = json.loads(log)
-    assert seen["argv"] == list(args)
-    assert seen["cwd"] == f"{rundir}/payload"
-    assert seen["env"] == {k: task.env[k].value for k in names}
-    assert seen["env"]["SECRET"] == "s3cr3t $HOME"
-    assert not canary.exists()
+        fetched = agent.ask(fetch_output_request(hp.run_dir), "fetch").wait(30)["body"]
+        with tarfile.open(fileobj=io.BytesIO(fetched)) as tar:
+            assert tar.extractfile("./result.txt").read() == b"saved"
 
-    fetched = transport.run(fetch_output_command(hp.run_dir).line)
-    with tarfile.open(fileobj=io.BytesIO(fetched.stdout)) as tar:
-        assert tar.extractfile("./result.txt").read() == b"saved"
-
-    stopped = json.loads(transport.run(stop_command(host, hp.run_dir, 1).line).stdout)
-    assert stopped == {"signalled": {}, "survivors": []}
-    cleaned = json.loads(transport.run(cleanup_command(host, hp.run_dir, 1).line).stdout)
-    assert cleaned["survivors"] == [] and not rundir.exists()
-    assert (workdir / "runs").is_dir()
-    # A second cleanup (the run dir is gone) answers instead of failing.
-    again = transport.run(cleanup_command(host, hp.run_dir, 1).line)
-    assert again.code == 0 and json.loads(again.stdout) == {"survivors": [], "absent": True}
+        stopped = agent.ask(stop_request(hp.run_dir, 1), "stop").wait(30)
+        assert stopped == {"signalled": {}, "survivors": []}
+        cleaned = agent.ask(cleanup_request(host, hp.run_dir, 1), "cleanup").wait(30)
+        assert cleaned["survivors"] == [] and not rundir.exists()
+        assert (workdir / "runs").is_dir()
+        # A second cleanup (the run dir is gone) answers instead of failing.
+        again = agent.ask(cleanup_request(host, hp.run_dir, 1), "cleanup").wait(30)
+        assert again == {"survivors": [], "absent": True}
+    finally:
+        agent.close()
+        transport.close()
 
 
-def test_a_relaunch_sets_the_previous_attempt_aside_and_marks_the_log(rundir):
-    first = launch(rundir, 0, "/bin/sh", "-c", "printf 'no newline at the end'; exit 3")
-    assert poll_until_ended(rundir, 0)["code"] == 3
-    second = launch(rundir, 0, "/bin/sh", "-c", "echo again", env={"TFDEPLOY_ATTEMPT": "2"})
-    status = poll_until_ended(rundir, 0)
+def test_a_relaunch_sets_the_previous_attempt_aside_and_marks_the_log(host, rundir):
+    first = launch(host, rundir, 0, "/bin/sh", "-c", "printf 'no newline at the end'; exit 3")
+    assert poll_until_ended(host, rundir, 0)["code"] == 3
+    second = launch(host, rundir, 0, "/bin/sh", "-c", "echo again",
+                    env={"TFDEPLOY_ATTEMPT": "2"})
+    status = poll_until_ended(host, rundir, 0)
     # The new attempt's state, not the old exit file's; the old files are kept aside.
     assert (status["state"], status["code"], status["pid"]) == ("exited", 0, second["pid"])
     assert json.loads((rundir / "worker-0.pid.1").read_text()) == first
@@ -364,15 +474,15 @@ def test_a_relaunch_sets_the_previous_attempt_aside_and_marks_the_log(rundir):
     assert lines[2:] == ["again"]
 
 
-def test_stop_kills_a_group_that_ignores_term_without_waiting_the_grace(rundir, run_id):
-    launch(rundir, 0, sys.executable, "-c",
+def test_stop_kills_a_group_that_ignores_term_without_waiting_the_grace(host, rundir, run_id):
+    launch(host, rundir, 0, sys.executable, "-c",
            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
            "print('ready', flush=True); time.sleep(60)")
-    launch(rundir, 1, "sleep", "60")
+    launch(host, rundir, 1, "sleep", "60")
     wait_for_log(rundir, 0, b"ready\n")
     wait_for_processes(run_id, 4)
     started = time.monotonic()
-    result = agent("stop", str(rundir), "30")
+    result = host.ask("stop", rundir, "30")
     took = time.monotonic() - started
     assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"], "1": ["SIGTERM"]},
                       "survivors": []}
@@ -380,64 +490,55 @@ def test_stop_kills_a_group_that_ignores_term_without_waiting_the_grace(rundir, 
     assert processes_of_run(run_id) == []
 
 
-def test_a_task_that_handles_term_keeps_its_grace(rundir, run_id):
+def test_a_task_that_handles_term_keeps_its_grace(host, rundir, run_id):
     """A handler may be a graceful shutdown in progress: only SIG_IGN counts as deaf."""
-    launch(rundir, 0, sys.executable, "-c",
+    launch(host, rundir, 0, sys.executable, "-c",
            "import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('term', "
            "flush=True)); print('ready', flush=True); time.sleep(60)")
     wait_for_log(rundir, 0, b"ready\n")
     started = time.monotonic()
-    result = agent("stop", str(rundir), "1.5")
+    result = host.ask("stop", rundir, "1.5")
     assert time.monotonic() - started >= 1.5
     assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
     assert b"term\n" in (rundir / "worker-0.log").read_bytes()
 
 
-def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(tmp_path, rundir):
-    from deploy.plan.planner import fetch_backup_command, replace_backup_command
+def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(host, tmp_path, rundir):
     source = tmp_path / "chief" / "runs" / rundir.name
     (source / "backup" / "chief").mkdir(parents=True)
     (source / "backup" / "chief" / "checkpoint").write_text("epoch 2")
-    archive = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(source)).line],
-                             capture_output=True, check=True).stdout
+    archive = host.agent.ask(fetch_backup_request(str(source)), "fetch").wait(30)["body"]
     (rundir / "backup" / "workertemp_1").mkdir(parents=True)
     (rundir / "backup" / "stale").write_text("old")
-    subprocess.run(["/bin/sh", "-c", replace_backup_command(str(rundir)).line], input=archive,
-                   check=True)
+    host.agent.ask(replace_backup_request(str(rundir)), "replace", archive).wait(30)
     assert sorted(str(p.relative_to(rundir)) for p in (rundir / "backup").rglob("*")) == [
         "backup/chief", "backup/chief/checkpoint"]
     assert (rundir / "run.json").exists()
     # A chief with no backup yet gives nothing; the host's backup is then emptied.
-    nothing = subprocess.run(["/bin/sh", "-c", fetch_backup_command(str(tmp_path / "none")).line],
-                             capture_output=True, check=True).stdout
-    assert nothing == b""
+    nothing = host.agent.ask(fetch_backup_request(str(tmp_path / "none")), "fetch").wait(30)
+    assert "body" not in nothing
+    # Only a run's own directory has its backup replaced (the chief's here has no run.json).
+    with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
+        host.agent.ask(replace_backup_request(str(source)), "replace", archive).wait(30)
+    assert (source / "backup" / "chief" / "checkpoint").read_text() == "epoch 2"
 
 
-def test_a_follower_stops_the_tasks_when_asked_on_its_stdin(rundir, run_id):
-    launch(rundir, 0, "sleep", "60")
+def test_a_stop_asked_while_following_ends_the_tasks_and_the_follow(host, rundir, run_id):
+    launch(host, rundir, 0, "sleep", "60")
     wait_for_processes(run_id, 2)
-    follower = subprocess.Popen([*hostpkg.command(rundir), "follow", str(rundir), "0:0"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        # Asked only once it has reported the running task: a stop read before its first
-        # look would leave nothing running to report.
-        first = follower.stdout.readline()
-        follower.stdin.write("stop 5\n")
-        follower.stdin.flush()
-        out, _ = follower.communicate(timeout=30)
-        out = first + out
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
-    docs = [json.loads(line) for line in out.splitlines()]
-    assert {"stopped": {"signalled": {"0": ["SIGTERM"]}, "survivors": []}} in docs
-    states = [d["tasks"]["0"]["state"] for d in docs if "0" in d.get("tasks", {})]
+    following = Following(host.agent, rundir, {"0": 0})
+    # Asked only once the follow has reported the running task: a stop before its first look
+    # would leave nothing running to report.
+    following.wait_for(1)
+    stopped = host.agent.ask(stop_request(str(rundir), 5), "stopping").wait(30)
+    assert stopped == {"signalled": {"0": ["SIGTERM"]}, "survivors": []}
+    assert following.end() == {"end": True}
+    states = [d["tasks"]["0"]["state"] for d in following.frames if "0" in d.get("tasks", {})]
     assert states[0] == "running" and states[-1] == "exited"
     assert processes_of_run(run_id) == []
 
 
-def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(rundir, run_id):
+def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(host, rundir, run_id):
     """`inv setup` interrupted: the host's pip (here a stand-in that waits, as pip waiting on
     the network does) runs in its own process group recorded in build.pid; cleanup stops that
     group and only then deletes the directory."""
@@ -458,7 +559,7 @@ def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(rundir, run_
             time.sleep(0.02)
         pid = json.loads((rundir / hostenv.BUILD_PID).read_text())["pgid"]
         assert os.getpgid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
-        result = agent("cleanup", str(rundir), "1")
+        result = host.ask("cleanup", rundir, "1")
         assert result["signalled"] == {"build": ["SIGTERM"]} and result["survivors"] == []
         assert not rundir.exists() and processes_of_run(run_id) == []
     finally:

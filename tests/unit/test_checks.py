@@ -1,5 +1,6 @@
 """`inv check`'s pure parts (what to ask, how to judge the answers, the mesh, the table) and
-the host side (deploy/host/check.py), run as a host runs it: source on stdin, nothing written."""
+the host side (deploy/host/check.py), run as a host runs it: asked of the host's agent, which
+runs from memory (nothing written), or by another interpreter with its source on stdin."""
 from __future__ import annotations
 
 import json
@@ -10,16 +11,19 @@ import time
 
 import pytest
 
+import hostpkg
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
-    HOSTCHECK_SOURCE, MESH_BOOT, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports,
-    judge_mesh, judge_probe, mesh_command, mesh_pairs, mesh_specs, mesh_stdin, probe_command,
-    rows, version_problems
+    HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports, judge_mesh,
+    judge_probe, mesh_pairs, mesh_requests, mesh_specs, probe_request, rows, version_problems
 )
 from deploy.plan.lints import lint
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.ports import choose_ports, task_ports
+from deploy.run.check import run_checks
 from deploy.run.mesh import probe_mesh
+from deploy.ssh.agent import HostAgent
+from deploy.ssh.session import Session
 from deploy.ssh.transport import LocalTransport
 
 THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
@@ -45,16 +49,32 @@ def probed(text=THREE, answers=None):
     return checks
 
 
-def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything():
+@pytest.fixture(scope="module")
+def agent():
+    """One host's agent, started as the controller starts it, for the module's host checks."""
+    with hostpkg.LocalAgent() as started:
+        yield started
+
+
+def test_probe_and_mesh_requests_are_shown_quoted_and_carry_their_words_literally():
     host = inventory("hosts:\n  - {name: a, address: x, python: /opt/py3,"
                      " workdir: '~/my dir'}\n").hosts[0]
-    assert probe_command(host).line == "/opt/py3 -I - probe ~/'my dir' 5"
-    line = mesh_command(host, {"host": "a", "targets": [["x", 1, "$(id)"]]}).line
-    assert line.startswith("/opt/py3 -I -c ") and " mesh '{" in line and "$(id)" in line
+    probe_it = probe_request(host)
+    assert probe_it.shown() == "agent: probe ~/'my dir' 5 '' ''"
+    assert probe_it.wire() == {"verb": "probe", "args": ["~/my dir", "5", "", ""], "home": [0]}
+    spec = {"host": "a", "targets": [["x", 1, "$(id)"]]}
+    listen, dial, close = mesh_requests(spec)
+    assert listen.shown().startswith("agent: mesh-listen '{") and "$(id)" in listen.shown()
+    assert json.loads(listen.wire()["args"][0]) == spec and listen.wire()["home"] == []
+    assert (dial.shown(), close.shown()) == ("agent: mesh-dial", "agent: mesh-close")
+    # With `inv setup`'s environment, its interpreter is a path on the host, and the probe's
+    # source comes with the request for it to run.
+    probe_env = probe_request(host, "~/envs/k/bin/python")
+    assert probe_env.wire()["home"] == [0, 3] and probe_env.body
 
 
 @pytest.mark.parametrize("env_exists", [True, False])
-def test_the_probe_runs_the_setup_environment_where_it_exists(tmp_path, env_exists):
+def test_the_probe_runs_the_setup_environment_where_it_exists(agent, tmp_path, env_exists):
     """The tasks run `inv setup`'s interpreter when it exists, so that one is probed."""
     env = tmp_path / "env dir" / "python"
     if env_exists:
@@ -62,10 +82,9 @@ def test_the_probe_runs_the_setup_environment_where_it_exists(tmp_path, env_exis
         env.symlink_to(sys.executable)
     host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
                      f" python: '{sys.executable}'}}\n").hosts[0]
-    done = subprocess.run(["/bin/sh", "-c", probe_command(host, str(env)).line],
-                          input=HOSTCHECK_SOURCE.read_bytes(),
-                          capture_output=True, check=True)
-    assert json.loads(done.stdout)["executable"] == (str(env) if env_exists else sys.executable)
+    answer = agent.agent.ask(probe_request(host, str(env)), "probe",
+                             HOSTCHECK_SOURCE.read_bytes()).wait(60)
+    assert answer["executable"] == (str(env) if env_exists else sys.executable)
 
 
 def test_a_healthy_probe_has_no_problems():
@@ -218,13 +237,22 @@ def test_one_machine_twice_or_an_all_loopback_lab_is_no_duplicate():
 # --- deploy/host/check.py, run as a host runs it ---------------------------------------------
 
 def hostcheck(*args: str, timeout: float = 30) -> dict:
+    """The probe as another interpreter than the agent's runs it: its source on stdin."""
     done = subprocess.run([sys.executable, "-I", "-", *args], input=HOSTCHECK_SOURCE.read_bytes(),
                           capture_output=True, timeout=timeout, check=True)
     return json.loads(done.stdout)
 
 
-def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_dir(tmp_path):
-    answer = hostcheck("probe", str(tmp_path / "not" / "yet"), "3")
+def mesh(agent, spec: dict, timeout: float = 30) -> dict:
+    """A mesh probe that is not driven: it dials at once and answers its listen request."""
+    return agent.ask("mesh-listen", json.dumps(spec), timeout=timeout)
+
+
+@pytest.mark.parametrize("asked", ["agent", "stdin"])
+def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_dir(
+        agent, tmp_path, asked):
+    args = (str(tmp_path / "not" / "yet"), "3")
+    answer = agent.ask("probe", *args, "", "") if asked == "agent" else hostcheck("probe", *args)
     assert answer["disk_path"] == str(tmp_path) and answer["disk_free"] > 0
     assert answer["writable"] is True and len(set(answer["ports"])) == 3
     assert answer["python"] == sys.version.split()[0]
@@ -233,8 +261,8 @@ def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_d
     assert not (tmp_path / "not").exists()
 
 
-def test_ports_are_distinct_free_ports():
-    ports = hostcheck("ports", "3")["ports"]
+def test_ports_are_distinct_free_ports(agent):
+    ports = agent.ask("ports", "3")["ports"]
     assert len(ports) == 3 and len(set(ports)) == 3
     assert all(isinstance(p, int) and 0 < p < 65536 for p in ports)
 
@@ -245,33 +273,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_mesh_answers_with_its_identity_and_stops_its_listeners(tmp_path):
+def test_mesh_answers_with_its_identity_and_stops_its_listeners(agent, tmp_path):
     mine, dead = free_port(), free_port()
     spec = {"host": "a", "nonce": "n0", "window": 2, "attempt": 1, "listen": {str(mine): 1},
             "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
-    answer = hostcheck("mesh", json.dumps(spec))
+    answer = mesh(agent, spec)
     assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
                                      "host": "a"}
     assert answer["connects"][1]["error"] == "refused"
     assert answer["accepted"] == {str(mine): 1}
-    with socket.socket() as s:          # the listener is gone with the process
+    with socket.socket() as s:          # the listener is gone with the answer
         assert s.connect_ex(("127.0.0.1", mine)) != 0
 
 
-def test_mesh_says_when_a_port_belongs_to_another_host_listener():
+def test_mesh_says_when_a_port_belongs_to_another_host_listener(agent):
     port = free_port()
     spec = {"host": "b", "nonce": "n1", "window": 2, "attempt": 1, "listen": {str(port): 1},
             "targets": [["127.0.0.1", port, "a"]]}
-    (result,) = hostcheck("mesh", json.dumps(spec))["connects"]
+    (result,) = mesh(agent, spec)["connects"]
     assert result["error"] == "wrong-host" and result["detail"] == "b"
 
 
-def test_mesh_listeners_end_by_themselves_when_callers_never_come():
+def test_mesh_listeners_end_by_themselves_when_callers_never_come(agent):
     """A lost controller or a peer that never dials leaves nothing: the window bounds it."""
     port = free_port()
     spec = {"host": "a", "nonce": "n2", "window": 1, "attempt": 1, "listen": {str(port): 2},
             "targets": []}
-    answer = hostcheck("mesh", json.dumps(spec), timeout=15)   # ends by itself, or this fails
+    answer = mesh(agent, spec, timeout=15)    # ends by itself, or this fails
     assert answer == {"connects": [], "accepted": {str(port): 0}, "bind_errors": {}}
 
 
@@ -303,76 +331,114 @@ def ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback ::1")
-def test_mesh_listeners_answer_callers_over_ipv6_and_ipv4_alike():
+def test_mesh_listeners_answer_callers_over_ipv6_and_ipv4_alike(agent):
     """As TensorFlow's gRPC binds [::]:port: one listener, reached at ::1 and at 127.0.0.1."""
-    port = hostcheck("ports", "1")["ports"][0]
+    port = agent.ask("ports", "1")["ports"][0]
     spec = {"host": "a", "nonce": "n6", "window": 3, "attempt": 1, "listen": {str(port): 2},
             "targets": [["::1", port, "a"], ["127.0.0.1", port, "a"]]}
-    answer = hostcheck("mesh", json.dumps(spec))
+    answer = mesh(agent, spec)
     assert [c.get("ok") for c in answer["connects"]] == [True, True], answer
     assert answer["accepted"] == {str(port): 2} and answer["bind_errors"] == {}
-    assert hostcheck("probe", "/", "1")["ipv6"] is True
+    assert agent.ask("probe", "/", "1", "", "")["ipv6"] is True
 
 
-def test_a_driven_mesh_probe_listens_until_told_to_dial_and_to_close():
-    """Phases on stdin: listening is said first and lasts past the window until "close"."""
+def test_a_driven_mesh_probe_listens_until_told_to_dial_and_to_close(agent):
+    """Phases as requests: listening is said first and lasts past the window until "close"."""
     mine, dead = free_port(), free_port()
     spec = {"host": "a", "nonce": "n3", "window": 0.5, "attempt": 1, "driven": 20,
             "listen": {str(mine): 1},
             "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
-    proc = subprocess.Popen([sys.executable, *mesh_command_argv(json.dumps(spec))],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    listen, dial, close = mesh_requests(spec)
     try:
-        proc.stdin.write(mesh_stdin(HOSTCHECK_SOURCE.read_bytes()))
-        proc.stdin.flush()
-        assert json.loads(proc.stdout.readline()) == {"listening": [mine], "bind_errors": {}}
+        assert agent.agent.ask(listen, "listen").wait(30) == {"listening": [mine],
+                                                              "bind_errors": {}}
         time.sleep(1.5)                     # three windows: a host slow to start its probe
-        proc.stdin.write(b"dial\n")
-        proc.stdin.flush()
-        assert json.loads(proc.stdout.readline()) == {"dialed": 2}
+        assert agent.agent.ask(dial, "dial").wait(30) == {"dialed": 2}
         with socket.socket() as s:          # still listening after dialing, until "close"
             assert s.connect_ex(("127.0.0.1", mine)) == 0
-        proc.stdin.write(b"close\n")
-        proc.stdin.close()
-        answer = json.loads(proc.stdout.read())
     finally:
-        proc.kill()
-        proc.wait()
+        answer = agent.agent.ask(close, "close").wait(30)
     assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
                                      "host": "a"}
     assert answer["connects"][1]["error"] == "refused"
     assert answer["accepted"] == {str(mine): 1}
-
-
-def mesh_command_argv(spec: str) -> list[str]:
-    return ["-I", "-c", MESH_BOOT, "mesh", spec]
+    with socket.socket() as s:              # closed: the listener is gone
+        assert s.connect_ex(("127.0.0.1", mine)) != 0
 
 
 class SlowToStart:
-    """A local transport whose commands start `delay` seconds late (a slow SSH login)."""
+    """A local transport whose host starts its probe `delay` seconds late (a slow SSH login,
+    a busy host): the mesh probe's first phase reaches it that much later."""
 
     def __init__(self, transport, delay):
         self.transport, self.delay = transport, delay
 
-    def exchange(self, line, timeout=60.0):
-        time.sleep(self.delay)
-        return self.transport.exchange(line, timeout)
+    def stream(self, line):
+        return SlowStream(self.transport.stream(line), self.delay)
+
+    def __getattr__(self, name):
+        return getattr(self.transport, name)
 
 
-def test_no_host_dials_before_every_host_listens_however_late_one_starts():
+class SlowStream:
+    def __init__(self, stream, delay):
+        self.stream, self.delay = stream, delay
+
+    def send(self, data):
+        if data.startswith(b'{"verb": "mesh-listen"'):
+            time.sleep(self.delay)
+        self.stream.send(data)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def test_no_host_dials_before_every_host_listens_however_late_one_starts(agent):
     hosts = parse_inventory(
         f"hosts:\n  - {{name: a, transport: local, python: '{sys.executable}'}}\n"
         f"  - {{name: b, transport: local, python: '{sys.executable}', workers: 2, workdir: /b}}\n",
         "lab.yaml", environ={}).hosts
     checks = [HostCheck(h) for h in hosts]
-    ports = iter(hostcheck("ports", "3")["ports"])
+    ports = iter(agent.ask("ports", "3")["ports"])
     for c in checks:
         c.ports = [next(ports) for _ in range(c.host.workers)]
     specs = mesh_specs(checks, "n4")
     for spec in specs.values():
         spec["window"] = 0.5                # b starts its probe long after a's window
     transports = {"a": LocalTransport(hosts[0]), "b": SlowToStart(LocalTransport(hosts[1]), 2)}
-    answers, errors = probe_mesh(checks, transports, HOSTCHECK_SOURCE.read_bytes(), specs)
+    agents = {name: HostAgent(h, transports[name]) for name, h in zip("ab", hosts)}
+    try:
+        answers, errors = probe_mesh(checks, agents, specs)
+    finally:
+        Session(transports, agents).close()
     judge_mesh(checks, answers, errors)
     assert errors == {} and [c.problems for c in checks] == [[], []]
     assert [(c.mesh_in, c.mesh_out) for c in checks] == [((1, 1), (2, 2)), ((4, 4), (3, 3))]
+
+
+def test_the_checks_run_through_a_session_of_agents(tmp_path):
+    """`inv check` and `train`'s checks: the probe, the ports and the mesh asked of every
+    host's agent in one session; a host with no agent is a row with its problem."""
+    hosts = parse_inventory(
+        f"hosts:\n  - {{name: a, transport: local, python: '{sys.executable}',"
+        f" workdir: '{tmp_path}/a'}}\n"
+        f"  - {{name: b, transport: local, python: '{sys.executable}', workers: 2,"
+        f" workdir: '{tmp_path}/b'}}\n"
+        f"  - {{name: c, transport: local, python: '{sys.executable}'}}\n",
+        "lab.yaml", environ={})
+    a, b, _ = hosts.hosts
+    transports = {h.name: LocalTransport(h) for h in (a, b)}
+    session = Session(transports, {h.name: HostAgent(h, transports[h.name]) for h in (a, b)})
+    try:
+        report = run_checks(hosts, session, {"c": "c: no answer on port 22"})
+    finally:
+        session.close()
+    checked = {c.host.name: c for c in report.hosts}
+    assert checked["c"].problems == ["c: no answer on port 22"]
+    for name in "ab":
+        assert checked[name].probe["python"] == sys.version.split()[0]
+        assert checked[name].problems == [], checked[name].problems
+    assert [(checked[n].mesh_in, checked[n].mesh_out) for n in "ab"] == [
+        ((1, 1), (2, 2)), ((4, 4), (3, 3))]
+    ports = checked["a"].ports + checked["b"].ports
+    assert len(ports) == len(set(ports)) == 3

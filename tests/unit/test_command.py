@@ -1,23 +1,26 @@
-"""Command values: each kind of word quoted as it says, through a real /bin/sh (run locally;
-nothing here touches the network); secrets masked wherever a command is shown; the launch's
-environment as the bytes on its stdin."""
+"""Command and Request values: each kind of word quoted as it says, through a real /bin/sh (run
+locally; nothing here touches the network); secrets masked wherever a command or request is
+shown; the launch's environment only in the request as it goes on the wire."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
+import queue
 
 import pytest
 from test_shell import HOME, HOSTILE, printf_words, through_shell
 
+import hostpkg
 from deploy.errors import BadInput
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
-from deploy.plan.command import Command, HostPath, Shell
+from deploy.plan.command import Command, HostPath, Request, Shell
 from deploy.plan.planner import (
-    Options, cleanup_command, fetch_backup_command, plan_run, replace_backup_command
+    Options, agent_command, cleanup_request, fetch_backup_request, plan_run,
+    replace_backup_request
 )
 from deploy.plan.text import plan_document, plan_text
+from deploy.ssh.agent import HostAgent
 from deploy.ssh.session import Session
 from deploy.ssh.transport import CommandResult
 
@@ -57,22 +60,24 @@ def test_a_nul_is_refused_when_the_command_is_made():
             Command(("printf", word))
 
 
-def test_composite_commands_work_in_a_hostile_run_dir(tmp_path):
+def test_requests_work_in_a_hostile_run_dir(tmp_path):
     """The backup's fetch and replace, and the cleanup of a run that never arrived, with a
-    run dir whose name a shell would expand if it were not quoted."""
+    run dir whose name a shell would expand if it ever reached one."""
     canary = tmp_path / "pwned"
     chief = tmp_path / f"chief $(touch {canary})"
     (chief / "backup").mkdir(parents=True)
     (chief / "backup" / "state").write_text("epoch 2")
-    other = tmp_path / f"other `touch {canary}`; x"
-    archive = through_shell(fetch_backup_command(str(chief)).line)
-    subprocess.run(["/bin/sh", "-c", replace_backup_command(str(other)).line], input=archive,
-                   check=True)
-    assert (other / "backup" / "state").read_text() == "epoch 2"
-    host = parse_inventory("hosts:\n  - {name: h, transport: local}\n", "h.yaml",
-                           environ={}).hosts[0]
-    answer = through_shell(cleanup_command(host, str(tmp_path / "never $(id)"), 1).line)
-    assert json.loads(answer) == {"survivors": [], "absent": True}
+    other = tmp_path / "runs" / f"other `touch {canary}`; x"
+    other.mkdir(parents=True)
+    (other / "run.json").write_text(json.dumps({"run_id": other.name}))
+    host = hostpkg.local_host()
+    with hostpkg.LocalAgent(host) as local:
+        archive = local.agent.ask(fetch_backup_request(str(chief)), "fetch").wait(30)["body"]
+        local.agent.ask(replace_backup_request(str(other)), "replace", archive).wait(30)
+        assert (other / "backup" / "state").read_text() == "epoch 2"
+        answer = local.agent.ask(cleanup_request(host, str(tmp_path / "never $(id)"), 1),
+                                 "cleanup").wait(30)
+    assert answer == {"survivors": [], "absent": True}
     assert not canary.exists()
 
 
@@ -87,12 +92,25 @@ def test_secrets_are_masked_wherever_a_command_is_shown():
     assert Command(("true",)).shown() == "true"          # reads nothing: nothing after <
 
 
-def test_the_environment_goes_on_stdin_as_json_with_the_real_values():
-    command = Command(("agent",), ENV, stdin="environment as JSON")
-    assert json.loads(command.env_stdin()) == {"env": {"PLAIN": "a b", "TOKEN": SECRET}}
-    assert json.loads(command.env_stdin(TFDEPLOY_ATTEMPT="2")) == {
-        "env": {"PLAIN": "a b", "TOKEN": SECRET, "TFDEPLOY_ATTEMPT": "2"}}
-    assert Command(("agent",)).env_stdin() == b'{"env": {}}'
+def test_secrets_are_masked_wherever_a_request_is_shown():
+    request = Request("launch", (HostPath("~/runs/r1"), "0", "$(id)"), ENV, body="nothing")
+    assert request.shown() == "agent: launch ~/runs/r1 0 '$(id)'    < nothing"
+    assert request.shown_env() == {"PLAIN": "a b", "TOKEN": "***"}
+    for shown in (request.shown(), repr(request), str(request),
+                  json.dumps(request.shown_env())):
+        assert SECRET not in shown
+    assert "'TOKEN': '***'" in repr(request)
+    assert Request("poll").shown() == "agent: poll"        # nothing comes with it
+
+
+def test_the_environment_goes_on_the_wire_with_the_real_values():
+    request = Request("launch", (HostPath("~/r"), "0", "~/literal"), ENV)
+    assert request.wire() == {"verb": "launch", "args": ["~/r", "0", "~/literal"], "home": [0],
+                              "env": {"PLAIN": "a b", "TOKEN": SECRET}}
+    assert request.wire(TFDEPLOY_ATTEMPT="2")["env"] == {
+        "PLAIN": "a b", "TOKEN": SECRET, "TFDEPLOY_ATTEMPT": "2"}
+    assert Request("poll").wire() == {"verb": "poll", "args": [], "home": []}
+    assert json.loads(json.dumps(request.wire())) == request.wire()     # JSON as it is
 
 
 def local_plan():
@@ -102,25 +120,67 @@ def local_plan():
     return plan_run(Inventory("h.yaml", (host,)), Options(args=("--x", "$(id)")), "r1", {0: 1})
 
 
-class Recording:
-    """A transport that keeps what it is given and answers as the agent does."""
+class RecordingStream:
+    """An agent's channel that keeps what it is sent and answers every request as an agent
+    does (a frame with the request's id)."""
+
     def __init__(self):
-        self.sent: list[tuple[str, bytes]] = []
+        self.sent: list[bytes] = []
+        self.answers: queue.Queue[bytes] = queue.Queue()
 
-    def run(self, line, stdin=b"", timeout=None):
-        self.sent.append((line, stdin))
-        return CommandResult(0, b'{"started": true}\n', b"")
+    def send(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+        if data.startswith(b"{"):
+            self.answers.put(json.dumps({"id": json.loads(data)["id"], "pid": 1}).encode()
+                             + b"\n")
+
+    def readline(self, limit: int = -1) -> bytes:
+        return self.answers.get()
+
+    def read(self, size: int) -> bytes:
+        return b""
+
+    def outcome(self) -> CommandResult:
+        return CommandResult(0, b"", b"")
+
+    def close(self) -> None:
+        self.answers.put(b"")
 
 
-def test_the_session_sends_the_launch_line_and_its_environment_with_the_attempt():
+class Recording:
+    """A transport that keeps the command lines it is given; each starts a RecordingStream."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.streams: list[RecordingStream] = []
+
+    def stream(self, line: str) -> RecordingStream:
+        self.lines.append(line)
+        self.streams.append(RecordingStream())
+        return self.streams[-1]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_session_sends_the_launch_request_and_its_environment_with_the_attempt():
     plan = local_plan()
+    (hp,) = plan.hosts
     transport = Recording()
-    Session({"h": transport}).launch(plan, attempt=2)
-    ((line, stdin),) = transport.sent
+    session = Session({"h": transport}, {"h": HostAgent(hp.host, transport)})
+    try:
+        session.launch(plan, attempt=2)
+    finally:
+        session.close()
+    (line,) = transport.lines
+    (stream,) = transport.streams
+    assert line == agent_command(hp.host).line and SECRET not in line
+    boot, header = stream.sent
+    assert not boot.startswith(b"{")             # the agent's boot and package come first
     (task,) = plan.tasks
-    assert line == task.launch.line and SECRET not in line
-    assert json.loads(stdin)["env"] == {**{k: v.value for k, v in task.env.items()},
-                                        "TFDEPLOY_ATTEMPT": "2"}
+    sent = json.loads(header)
+    assert sent["verb"] == "launch" and sent["args"] == list(task.launch.args)
+    assert sent["env"] == {**{k: v.value for k, v in task.env.items()}, "TFDEPLOY_ATTEMPT": "2"}
 
 
 def test_the_dry_run_prints_each_command_as_shown():

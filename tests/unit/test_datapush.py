@@ -1,17 +1,14 @@
 """The inventory's `data:` field end to end without a network: parsing, the tree hash that names
 a local data directory on the hosts, TFDEPLOY_DATA_DIR in the plan and the run record, the
-host side (deploy/host/data.py run as a host runs it: want, receive, the data dir kept by
-content; the one-command push through a local host), the remote path's check, and the agent refusing a data dir that is not there."""
+host side (deploy/host/data.py asked of a host's agent as a run asks it: data-push, then
+data-receive; the data dir kept by content; the push through a local host), the remote path's
+check, and the agent refusing a data dir that is not there."""
 from __future__ import annotations
 
-import io
 import json
 import os
-import shlex
 import shutil
-import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -19,16 +16,19 @@ from rich.console import Console
 
 import hostpkg
 from counting import CountingTransport
+from test_payload_push import CountingAgent
 from deploy.host import check as hostcheck
 from deploy.inventory.datasource import DataSource, host_data_dir
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import InventoryError
-from deploy.plan.checks import HostCheck, judge_probe, probe_command
-from deploy.plan.planner import PUSH_BOOTSTRAP, Options, plan_run
+from deploy.plan.checks import HostCheck, judge_probe, probe_request
+from deploy.plan.command import HostPath, Request
+from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_document, plan_text
 from deploy.push import hashcache
 from deploy.push.data import DataPush, DataTree
 from deploy.push.hashcache import HashCache
+from deploy.ssh.agent import StepFailed
 from deploy.ssh.session import Session
 from deploy.state.record import RunRecord, RunState, load_record, write_record
 
@@ -143,10 +143,12 @@ def test_the_plan_gives_each_task_its_hosts_data_dir(lab):
                     2: f"~/.tfdeploy/data/{trees['b']}", 3: "~/datasets/mnist",
                     4: f"~/.tfdeploy/data/{trees['a']}"}
     a, b, c, d = plan.hosts
-    # One command per push: the bootstrap unpacks the stage and becomes the data-push verb.
-    assert a.data_push.line == (f"python3 -I -S -c {shlex.quote(PUSH_BOOTSTRAP)} "
-                                f"data-push ~/.tfdeploy/runs/{RUN_ID} "
-                                f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache")
+    # A request to the host's agent, with the stage: it unpacks it and answers what it lacks.
+    assert a.data_push.shown().startswith(f"agent: data-push ~/.tfdeploy/runs/{RUN_ID} "
+                                          f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache    < ")
+    assert a.data_push.wire() == {
+        "verb": "data-push", "home": [0, 1, 2], "args": [
+            f"~/.tfdeploy/runs/{RUN_ID}", f"~/.tfdeploy/data/{trees['a']}", "~/.tfdeploy/cache"]}
     assert c.data_push is None and c.data_dir == "~/datasets/mnist"
     text = plan_text(plan)
     assert f"  data:   local shards/a -> ~/.tfdeploy/data/{trees['a']}; kept between runs" in text
@@ -196,36 +198,42 @@ def host_run_dir(tmp_path: Path, name: str) -> Path:
     return rundir
 
 
-def host(verb: str, rundir: Path, datadir: str, stdin: bytes = b"") -> dict:
-    cache = rundir.parents[1] / "cache"
-    done = subprocess.run([*hostpkg.command(rundir), f"data-{verb}", str(rundir), datadir,
-                           str(cache)], input=stdin, capture_output=True, timeout=60)
-    if done.returncode:
-        raise AssertionError(done.stderr.decode())
-    return json.loads(done.stdout)
+@pytest.fixture(scope="module")
+def agent():
+    """A host's agent, started as the controller starts one."""
+    with hostpkg.LocalAgent() as started:
+        yield started
 
 
-def staged(tree: DataTree, rundir: Path) -> str:
-    """The data step's stage unpacked into the run dir (as its command does); the data dir."""
-    with tarfile.open(fileobj=io.BytesIO(tree.stage()), mode="r:gz") as tar:
-        tar.extractall(rundir, filter="data")
-    return str(rundir.parents[1] / "data" / tree.sha256)
+def data_request(verb: str, rundir: Path, datadir: str) -> Request:
+    return Request(verb, (str(rundir), datadir, str(rundir.parents[1] / "cache")))
 
 
-def push(data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | None]:
-    """want, then receive if needed, as DataPush.send drives each host."""
-    datadir = staged(tree, rundir)
-    want = host("want", rundir, datadir)
-    if want["present"] or want.get("assembled"):
-        return want, None
-    stream = b"".join(data.content(tree, frozenset(want["missing"])))
-    return want, host("receive", rundir, datadir, stream)
+def want(agent, tree: DataTree, rundir: Path, datadir: str | None = None) -> dict:
+    """The data-push request: the stage unpacked into the run dir, and what the cache lacks."""
+    datadir = datadir or str(rundir.parents[1] / "data" / tree.sha256)
+    return agent.agent.ask(data_request("data-push", rundir, datadir), "data-push",
+                           tree.stage()).wait(60)
 
 
-def test_data_is_sent_once_kept_by_content_and_found_again(tmp_path, lab):
+def receive(agent, rundir: Path, datadir: str, stream: bytes) -> dict:
+    return agent.agent.ask(data_request("data-receive", rundir, datadir), "data-receive",
+                           files=[stream]).wait(60)
+
+
+def push(agent, data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | None]:
+    """data-push, then data-receive if needed, as DataPush.send drives each host."""
+    wanted = want(agent, tree, rundir)
+    if wanted["present"] or wanted.get("assembled"):
+        return wanted, None
+    stream = b"".join(data.content(tree, frozenset(wanted["missing"])))
+    return wanted, receive(agent, rundir, str(rundir.parents[1] / "data" / tree.sha256), stream)
+
+
+def test_data_is_sent_once_kept_by_content_and_found_again(agent, tmp_path, lab):
     data = DataPush(lab)
     tree = data.trees[lab.hosts[0].data.path]
-    want, got = push(data, tree, host_run_dir(tmp_path, "r1"))
+    want, got = push(agent, data, tree, host_run_dir(tmp_path, "r1"))
     assert want["present"] is False and len(want["missing"]) == 2
     assert sorted(got["received"]) == want["missing"] and got["bytes"] == 1002
     datadir = tmp_path / "work" / "data" / tree.sha256
@@ -235,60 +243,73 @@ def test_data_is_sent_once_kept_by_content_and_found_again(tmp_path, lab):
     inode = datadir.stat().st_ino
     # Teardown of the run directory leaves the data: it lives outside every run.
     shutil.rmtree(tmp_path / "work" / "runs" / "r1")
-    want, got = push(data, tree, host_run_dir(tmp_path, "r2"))
+    want, got = push(agent, data, tree, host_run_dir(tmp_path, "r2"))
     assert want == {"present": True, "missing": [], "received": [], "files": 2} and got is None
     assert datadir.stat().st_ino == inode
     # Gone data dir, full cache: assembled again at once, nothing sent.
     shutil.rmtree(datadir)
-    want, got = push(data, tree, host_run_dir(tmp_path, "r3"))
+    want, got = push(agent, data, tree, host_run_dir(tmp_path, "r3"))
     assert want["assembled"] and want["missing"] == [] and got is None
     assert (datadir / "part-0.bin").read_bytes() == b"A" * 1000
     assert not [p for p in (tmp_path / "work" / "runs" / "r3").iterdir()
                 if p.name.startswith(".data-")]
 
 
-def test_the_push_is_one_command_per_host_and_a_second_sends_nothing(tmp_path):
-    """DataPush.send on a local host, through the real bootstrap and the data-push verb."""
+def test_the_push_is_two_requests_per_host_and_a_second_sends_nothing(tmp_path):
+    """DataPush.send on a local host, through its agent: the stage and the answer of what the
+    cache lacks, then those files; a second push of the same data is one round trip."""
     dirs = shards(tmp_path / "shards")
     inv = inventory(tmp_path, f"hosts:\n  - {{name: h, transport: local, workdir: "
                               f"'{tmp_path / 'work'}', data: {{local: shards/a}}}}\n")
     transport = CountingTransport(inv.hosts[0])
+    agent = CountingAgent(inv.hosts[0], transport)
+    session = Session({"h": transport}, {"h": agent})
     quiet = Console(file=open(os.devnull, "w"))
 
     def send(run_id: str) -> dict:
         data = DataPush(inv)
         plan = plan_run(data.resolved(inv), Options(), run_id)
-        transport.commands = 0
-        return data.send(Session({"h": transport}), plan, quiet)["hosts"]["h"]
+        agent.asked.clear()
+        return data.send(session, plan, quiet)["hosts"]["h"]
 
-    first = send("r1")
-    assert transport.commands == 1
-    assert first["present"] is False and len(first["received"]) == 2 and first["bytes"] == 1002
-    assert (Path(first["dir"]) / "sub" / "part-1.bin").read_bytes() == b"a1"
-    second = send("r2")
-    assert transport.commands == 1
+    try:
+        first = send("r1")
+        assert agent.asked == ["data-push", "data-receive"]
+        assert first["present"] is False and len(first["received"]) == 2
+        assert first["bytes"] == 1002
+        assert (Path(first["dir"]) / "sub" / "part-1.bin").read_bytes() == b"a1"
+        second = send("r2")
+        assert agent.asked == ["data-push"]
+    finally:
+        session.close()
+    assert transport.commands == 0          # no command beside the agent's own channel
     assert second["present"] is True and second["received"] == [] and second["bytes"] == 0
     assert second["dir"] == first["dir"] and dirs["a"].exists()
 
 
-def test_a_data_dir_not_named_by_its_manifest_is_refused(tmp_path, lab):
+def test_a_data_dir_not_named_by_its_manifest_is_refused(agent, tmp_path, lab):
     data = DataPush(lab)
     tree = data.trees[lab.hosts[0].data.path]
     rundir = host_run_dir(tmp_path, "r1")
-    push(data, tree, rundir)
-    with pytest.raises(AssertionError, match="not named by its manifest's hash"):
-        host("want", rundir, str(tmp_path / "work" / "data" / ("0" * 64)))
+    push(agent, data, tree, rundir)
+    with pytest.raises(StepFailed, match="not named by its manifest's hash"):
+        want(agent, tree, rundir, str(tmp_path / "work" / "data" / ("0" * 64)))
 
 
 def test_a_cut_stream_leaves_no_data_dir(tmp_path, lab):
+    """The channel ends in the middle of the files (a dropped connection)."""
     data = DataPush(lab)
     tree = data.trees[lab.hosts[1].data.path]
     rundir = host_run_dir(tmp_path, "r1")
-    datadir = staged(tree, rundir)
-    want = host("want", rundir, datadir)
-    stream = b"".join(data.content(tree, frozenset(want["missing"])))
-    with pytest.raises(AssertionError, match="cut short"):
-        host("receive", rundir, datadir, stream[:len(stream) // 2])
+    datadir = str(rundir.parents[1] / "data" / tree.sha256)
+    with hostpkg.LocalAgent() as agent:
+        wanted = want(agent, tree, rundir)
+        stream = b"".join(data.content(tree, frozenset(wanted["missing"])))
+        reply = agent.agent.ask(data_request("data-receive", rundir, datadir), "data-receive",
+                                files=[stream[:len(stream) // 2]])
+        agent.agent.stream.proc.stdin.close()
+        with pytest.raises(StepFailed, match="cut short"):
+            reply.wait(60)
     assert not Path(datadir).exists()
     assert not [p for p in rundir.iterdir() if p.name.startswith(".data-")]
 
@@ -307,8 +328,10 @@ def test_the_summary_counts_each_directorys_new_files_once(lab):
 
 def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, tmp_path):
     a, b, c, d = lab.hosts
-    assert probe_command(c).line.endswith(" ~/datasets/mnist")
-    assert probe_command(a).line.endswith(" 5")                       # local data: nothing to ask
+    asked = probe_request(c)
+    assert asked.args[2] == "~/datasets/mnist" and isinstance(asked.args[2], HostPath)
+    assert asked.shown().endswith(" 5 ~/datasets/mnist ''")
+    assert probe_request(a).args[2] == ""                          # local data: nothing to ask
     assert hostcheck.data_problem(str(tmp_path / "nowhere")) == "does not exist"
     assert hostcheck.data_problem(str(tmp_path / "lab.yaml")) == "is not a directory"
     assert hostcheck.data_problem(str(tmp_path)) is None
@@ -318,14 +341,12 @@ def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, t
                               "not exist on the host"]
 
 
-def test_the_agent_refuses_to_start_a_task_without_its_data_dir(tmp_path):
+def test_the_agent_refuses_to_start_a_task_without_its_data_dir(agent, tmp_path):
     rundir = tmp_path / "run"
     rundir.mkdir()
     (rundir / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
-    env = {"env": {"TFDEPLOY_RUN_ID": RUN_ID, "TFDEPLOY_DATA_DIR": str(tmp_path / "nowhere")}}
-    done = subprocess.run([*hostpkg.command(rundir), "launch", str(rundir), "0",
-                           str(tmp_path), "--", sys.executable, "-c", "pass"],
-                          input=json.dumps(env).encode(), capture_output=True, timeout=60)
-    assert done.returncode != 0
-    assert b"is not a directory on this host (field 'data'" in done.stderr
+    hostpkg.place(rundir)
+    with pytest.raises(StepFailed, match=r"is not a directory on this host \(field 'data'"):
+        agent.ask("launch", rundir, "0", tmp_path, "--", sys.executable, "-c", "pass",
+                  TFDEPLOY_RUN_ID=RUN_ID, TFDEPLOY_DATA_DIR=str(tmp_path / "nowhere"))
     assert not (tmp_path / "nowhere").exists() and not (rundir / "worker-0.pid").exists()

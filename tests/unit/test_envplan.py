@@ -52,8 +52,10 @@ def test_train_prefers_the_env_unless_the_host_names_its_python(inventory):
     plan = plan_run(inventory, Options(requirements_sha256=REQ), RUN_ID)
     a, b, c = plan.hosts
     assert f" launch {a.run_dir} 0 {a.run_dir}/payload {env_python(plain, REQ)} -- python3 " \
-        in a.tasks[0].launch.line
-    assert " launch " in b.tasks[0].launch.line and "envs/" not in b.tasks[0].launch.line
+        in a.tasks[0].launch.shown()
+    assert a.tasks[0].launch.args[3] == env_python(plain, REQ)        # a path on the host
+    assert 3 in a.tasks[0].launch.wire()["home"]
+    assert " launch " in b.tasks[0].launch.shown() and "envs/" not in b.tasks[0].launch.shown()
     text = plan_text(plan)
     assert (f"  python: {env_python(plain, REQ)} if `inv setup` built it, else python3"
             in text.splitlines())

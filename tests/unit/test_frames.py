@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -32,8 +33,41 @@ def test_a_frame_without_bytes_and_a_stop_answer():
     write_frame(out, {"tasks": {"0": {"state": "exited", "code": 0}}})
     write_frame(out, {"stopped": {"signalled": {}, "survivors": []}})
     stream = io.BytesIO(out.getvalue())
-    assert read_frame(stream) == {"tasks": {"0": {"state": "exited", "code": 0, "data": b""}}}
-    assert read_frame(stream) == {"stopped": {"signalled": {}, "survivors": []}}
+    assert read_frame(stream) == {"tasks": {"0": {"state": "exited", "code": 0, "data": b""}},
+                                  "body": b""}
+    assert read_frame(stream) == {"stopped": {"signalled": {}, "survivors": []}, "body": b""}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=2000), st.dictionaries(st.sampled_from(["0", "1"]),
+                                                 st.binary(max_size=300), max_size=2))
+def test_a_body_follows_the_tasks_bytes_and_comes_back_as_it_went(body, chunks):
+    """A request's or an answer's body (a stage, a tar.gz): announced by a top-level "length",
+    after the tasks' bytes; read back as "body"."""
+    out = io.BytesIO()
+    doc = {"id": 3, "tasks": {task: {"state": "running"} for task in chunks}}
+    write_frame(out, doc, chunks, body)
+    write_frame(out, {"id": 4, "verb": "poll"})
+    header = json.loads(out.getvalue().split(b"\n", 1)[0])
+    assert header.get("length", 0) == len(body)
+    stream = io.BytesIO(out.getvalue())
+    first = read_frame(stream)
+    assert first["body"] == body and first["id"] == 3 and "length" not in first
+    assert {task: status["data"] for task, status in first["tasks"].items()} == chunks
+    assert read_frame(stream) == {"id": 4, "verb": "poll", "body": b""}
+    assert read_frame(stream) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=500))
+def test_any_bytes_are_a_frame_or_refused_as_none(data):
+    """Whatever comes on the channel: a document, the end, or FrameError; nothing else."""
+    stream = io.BytesIO(data)
+    try:
+        while read_frame(stream) is not None:
+            pass
+    except FrameError:
+        pass
 
 
 @pytest.mark.parametrize("stream, message", [
@@ -42,6 +76,10 @@ def test_a_frame_without_bytes_and_a_stop_answer():
     (b'{"tasks": {"0": {"length": 10}}}\nshort', "stream ended inside a frame"),
     (b'{"tasks": {"0": {"length": -1}}}\n', "bad length"),
     (b'{"tasks": {}}', "not a frame header"),          # cut before its newline
+    (b'{"length": 10}\nshort', "stream ended inside a frame"),
+    (b'{"length": "10"}\n', "bad length"),
+    (b'{"tasks": []}\n', "bad tasks"),
+    (b"[" * 100000 + b"]" * 100000 + b"\n", "not a frame header"),    # nested past recursion
 ])
 def test_what_is_not_a_frame_is_refused(stream, message):
     with pytest.raises(FrameError, match=message):

@@ -1,12 +1,15 @@
 """Property-based fuzzing of every front door: generated and mutated inventories, ignore files,
-flag values, run records and host answers each end in success or the tool's own error
-(BadInput, exit 2; Failure, exit 1, for a host's answer), never another exception.
+flag values, run records, host answers and whatever comes on a host agent's channel each end
+in success or the tool's own error (BadInput, exit 2; Failure, exit 1, for a host's answer),
+never another exception.
 
-Time-boxed: every test sets max_examples and a deadline, about 1,900 examples in all."""
+Time-boxed: every test sets max_examples and a deadline, about 2,150 examples in all."""
 from __future__ import annotations
 
+import io
 import json
 import tempfile
+import threading
 from pathlib import Path
 
 import yaml
@@ -17,9 +20,10 @@ import tasks
 from deploy.errors import BadInput, Failure
 from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.inventory.model import Host
-from deploy.plan.command import split_args
+from deploy.plan.command import Request, split_args
 from deploy.plan.planner import Options, plan_run
 from deploy.push.ignore import IgnoreRules, read_ignore_file
+from deploy.ssh.agent import HostAgent
 from deploy.ssh.session import agent_json
 from deploy.ssh.transport import CommandResult
 from deploy.state.record import RunRecord, RunState, load_record
@@ -238,3 +242,56 @@ def test_the_record_used_for_fuzzing_reads_back():
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "record.json").write_text(json.dumps(RECORD))
         assert load_record(Path(tmp)).plan().run_id == "20260101-000000-abcdef"
+
+
+class ScriptedChannel:
+    """An agent's channel that, once the first request is sent, answers with `data` and ends."""
+
+    def __init__(self, data: bytes):
+        self.data, self.asked = io.BytesIO(data), threading.Event()
+
+    def send(self, data: bytes) -> None:
+        if data.startswith(b"{"):
+            self.asked.set()
+
+    def readline(self, limit: int = -1) -> bytes:
+        self.asked.wait(10)
+        return self.data.readline(limit)
+
+    def read(self, size: int) -> bytes:
+        return self.data.read(size)
+
+    def outcome(self) -> CommandResult:
+        return CommandResult(0, b"", b"")
+
+    def close(self) -> None:
+        pass
+
+
+class Scripted:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, line: str) -> ScriptedChannel:
+        return ScriptedChannel(self.data)
+
+
+frames = st.one_of(
+    answers,
+    json_values.map(lambda v: json.dumps({"id": 1, "tasks": v}).encode() + b"\n"),
+    st.tuples(json_values, st.binary(max_size=40)).map(
+        lambda p: json.dumps({"id": 1, "length": p[0]}).encode() + b"\n" + p[1]),
+    json_values.map(lambda v: json.dumps({"id": 1, "error": v}).encode() + b"\n"),
+    json_values.map(lambda v: json.dumps({"id": v}).encode() + b"\n"))
+
+
+@FUZZ
+@given(frames)
+def test_whatever_an_agent_sends_its_step_is_answered_or_fails_naming_the_host(data):
+    agent = HostAgent(HOST, Scripted(data))
+    try:
+        doc = agent.ask(Request("poll"), "poll").wait(10)
+    except Failure as exc:
+        assert "h1" in str(exc)
+    else:
+        assert isinstance(doc, dict)

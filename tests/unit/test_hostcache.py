@@ -7,14 +7,15 @@ import io
 import json
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
 import hostpkg
 from deploy.host import cache as hostcache
-from deploy.push.bundle import FileStream, manifest, manifest_document
+from deploy.plan.command import Request
+from deploy.push.bundle import FileStream, manifest, manifest_document, stage_tar
+from deploy.ssh.agent import StepFailed
 
 
 @pytest.fixture
@@ -127,21 +128,26 @@ def test_a_manifest_path_leaving_the_payload_is_refused(tmp_path, path):
         hostcache.want(str(rundir), str(tmp_path / "cache"))
 
 
-def test_the_agent_runs_want_and_receive_from_the_run_dir(tmp_path, payload):
-    """As on a host: the host package's zip in isolated mode, nothing else importable."""
-    rundir, files = new_run(tmp_path, payload, "r1")
+def test_the_agent_answers_push_and_receive_from_the_run_dir(tmp_path, payload):
+    """As on a host: the host's agent, from memory in isolated mode, asked a push with its
+    stage (the manifest), then sent the files it lacks; a stream that is not one is refused
+    and the agent serves on."""
+    rundir = tmp_path / "work" / "runs" / "r1"
+    files = manifest(payload, "train.py")
     cache = str(tmp_path / "work" / "cache")
-    env = {"PATH": os.environ["PATH"]}
-    agent = [*hostpkg.command(rundir)]
-    want = subprocess.run(agent + ["want", str(rundir), cache], capture_output=True, env=env)
-    missing = json.loads(want.stdout)["missing"]
-    got = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
-                         input=b"".join(FileStream(payload, files, set(missing))))
-    assert got.returncode == 0, got.stderr
-    assert sorted(json.loads(got.stdout)["received"]) == missing
-    bad = subprocess.run(agent + ["receive", str(rundir), cache], capture_output=True, env=env,
-                         input=b"")
-    assert bad.returncode != 0 and b"payload receive:" in bad.stderr
+    with hostpkg.LocalAgent() as agent:
+        want = agent.ask("push", rundir, cache, body=stage_tar("r1", files))
+        missing = want["missing"]
+        assert json.loads((rundir / "manifest.json").read_text()) == manifest_document(files)
+        assert len(missing) == 3 and want["received"] == [] and not want.get("assembled")
+        got = agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
+                              files=FileStream(payload, files, set(missing))).wait(30)
+        assert sorted(got["received"]) == sorted(missing) and got["files"] == 4
+        assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 1\n"
+        with pytest.raises(StepFailed, match="receive failed: the file stream does not start"):
+            agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
+                            files=[b"not a file stream\n"]).wait(30)
+        assert agent.ask("push", rundir, cache, body=stage_tar("r1", files))["assembled"]
 
 
 def test_files_riding_with_the_manifest_are_verified_cached_and_spare_a_round_trip(tmp_path,

@@ -1,6 +1,6 @@
-"""The push as the controller drives it (deploy/push.py, Session.push), on a local host: one
-command per host, which answers what its cache lacks and then reads exactly that on the same
-stdin."""
+"""The push as the controller drives it (deploy/push.py, Session.push), on a local host: two
+requests to its agent, the stage (answered with what its cache lacks) and exactly those files;
+one when nothing changed."""
 from __future__ import annotations
 
 import hashlib
@@ -13,11 +13,24 @@ from rich.console import Console
 
 from counting import CountingTransport
 from deploy.inventory.load import parse_inventory
-from deploy.plan.planner import Options, plan_run
+from deploy.plan.planner import Options, cleanup_request, plan_run
 from deploy.push.payload import PayloadPush
 from deploy.ssh.login import GcmFirstTransport
+from deploy.ssh.agent import HostAgent
 from deploy.ssh.parallel import HostsFailed
 from deploy.ssh.session import Session
+
+
+class CountingAgent(HostAgent):
+    """A host's agent that keeps the verbs it is asked."""
+
+    def __init__(self, *args):
+        self.asked: list[str] = []
+        super().__init__(*args)
+
+    def ask(self, request, *args, **kwargs):
+        self.asked.append(request.verb)
+        return super().ask(request, *args, **kwargs)
 
 
 @pytest.fixture
@@ -30,13 +43,18 @@ def lab(tmp_path):
         f"hosts:\n  - {{name: h, transport: local, workdir: '{tmp_path / 'work dir'}', "
         f"python: '{sys.executable}'}}\n", "h.yaml", environ={})
     transport = CountingTransport(inventory.hosts[0])
-    return payload, inventory, transport, tmp_path / "hashes.json"
+    session = Session({"h": transport}, {"h": CountingAgent(inventory.hosts[0], transport)})
+    try:
+        yield payload, inventory, session, tmp_path / "hashes.json"
+    finally:
+        session.close()
 
 
-def push(payload: Path, inventory, transport, hashes: Path, run_id: str):
+def push(payload: Path, inventory, session, hashes: Path, run_id: str):
     pushing = PayloadPush(payload, "train.py", run_id, hash_cache=hashes)
     plan = plan_run(inventory, Options(payload=str(payload)), run_id)
-    record = pushing.send(Session({"h": transport}), plan, Console(file=open("/dev/null", "w")))
+    session.agents["h"].asked.clear()
+    record = pushing.send(session, plan, Console(file=open("/dev/null", "w")))
     return record["hosts"]["h"], Path(plan.hosts[0].run_dir)
 
 
@@ -44,35 +62,41 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_what_the_cache_lacks_travels_on_the_same_command(lab):
-    payload, inventory, transport, hashes = lab
-    answer, rundir = push(payload, inventory, transport, hashes, "20260101-000000-aaaaaa")
+def test_what_the_cache_lacks_travels_on_the_same_channel(lab):
+    payload, inventory, session, hashes = lab
+    answer, rundir = push(payload, inventory, session, hashes, "20260101-000000-aaaaaa")
     big = sha((payload / "data" / "weights.bin").read_bytes())
     # The small new file rode along with the manifest; the big one was asked for and sent.
     assert answer["missing"] == [big]
     assert sorted(answer["received"]) == sorted([big, sha(b"print('hi')\n")])
     assert answer["bytes"] == 2 * 1024 * 1024 and answer["files"] == 2
-    assert transport.commands == 1
+    assert session.agents["h"].asked == ["push", "receive"]
     assert (rundir / "payload" / "data" / "weights.bin").read_bytes() == (
         payload / "data" / "weights.bin").read_bytes()
 
-    again, rundir = push(payload, inventory, transport, hashes, "20260101-000000-bbbbbb")
+    again, rundir = push(payload, inventory, session, hashes, "20260101-000000-bbbbbb")
     assert again == {"missing": [], "received": [], "files": 2, "assembled": True}
-    assert transport.commands == 2
+    assert session.agents["h"].asked == ["push"]          # an unchanged payload: one round trip
+    assert session.transports["h"].commands == 0          # nothing beside the agent's channel
     assert (rundir / "payload" / "train.py").read_text() == "print('hi')\n"
 
 
 def test_a_file_changed_while_it_is_pushed_leaves_no_payload(lab):
-    payload, inventory, transport, hashes = lab
+    payload, inventory, session, hashes = lab
     pushing = PayloadPush(payload, "train.py", "20260101-000000-cccccc", hash_cache=hashes)
     (payload / "data" / "weights.bin").write_bytes(b"shorter")        # after it was hashed
     plan = plan_run(inventory, Options(payload=str(payload)), "20260101-000000-cccccc")
     with pytest.raises(HostsFailed, match="changed while it was being pushed"):
-        pushing.send(Session({"h": transport}), plan, Console(file=open("/dev/null", "w")))
+        pushing.send(session, plan, Console(file=open("/dev/null", "w")))
     rundir = Path(plan.hosts[0].run_dir)
     assert (rundir / "manifest.json").exists() and not (rundir / "payload").exists()
     cached = {p.name for p in (rundir.parents[1] / "cache" / "files").iterdir()}
     assert cached == {sha(b"print('hi')\n")}                  # only verified content
+    # The host's agent still answers: the failed run is cleaned up as any other (waited for
+    # 15 s here; a run's teardown waits its grace and a minute).
+    (hp,) = plan.hosts
+    cleaned = session.agents["h"].ask(cleanup_request(hp.host, hp.run_dir, 1), "cleanup").wait(15)
+    assert cleaned["survivors"] == [] and not rundir.exists()
 
 
 def test_ssh_offers_aes_gcm_first_and_every_other_cipher_after_it():

@@ -16,7 +16,8 @@ import pytest
 
 from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.plan.planner import (
-    PUSH_BOOTSTRAP, Options, cleanup_command, plan_run, poll_command, stop_command
+    AGENT_BOOT, Options, agent_command, cleanup_command, cleanup_request, credit_request,
+    follow_request, plan_run, poll_request, receive_request, stop_request
 )
 from deploy.plan.text import plan_document, plan_text
 
@@ -250,27 +251,37 @@ def test_every_task_gets_the_launcher_environment(name):
                 assert task.env[key] == value
 
 
-def test_commands_name_the_run_dir_and_agent():
+def test_requests_name_the_run_dir_and_the_agent_its_command():
     plan = plan_of("lab")
     a, b = plan.hosts
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
-    # One command per host: the bootstrap unpacks the stage, the host package answers and
-    # receives.
-    # It names the host and its tasks, recorded in the run dir (which hosts may share).
-    assert b.push.line == (f"~/venv/bin/python -I -S -c {shlex.quote(PUSH_BOOTSTRAP)} push "
-                           f"{b.run_dir} /scratch/tf/cache b 2")
+    # One agent per host for the whole run, started by the host's python; it reads its boot
+    # and the host package on stdin, then every step as a request.
+    assert agent_command(b.host).line == f"~/venv/bin/python -I -c {shlex.quote(AGENT_BOOT)}"
+    assert f"  agent:  {agent_command(b.host).shown()}" in plan_text(plan).splitlines()
+    # The push names the host and its tasks, recorded in the run dir (which hosts may share);
+    # the stage comes with it, the files the host lacks with its second half.
+    assert b.push.shown().startswith(f"agent: push {b.run_dir} /scratch/tf/cache b 2    < ")
+    assert receive_request(b.push).shown().startswith(
+        f"agent: receive {b.run_dir} /scratch/tf/cache b 2    < ")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
-    assert a.push.line.endswith(" ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache a 0,1")
-    # The port probe is deploy/host/check.py on stdin, as `inv check` asks it.
-    assert b.ports.line == "~/venv/bin/python -I - ports 5"
-    agent = f"~/venv/bin/python -I {b.run_dir}/tfdeploy-host.zip"
-    launch = plan.tasks[2].launch.line
-    assert launch.startswith(f"{agent} launch {b.run_dir} 2 "
+    assert a.push.shown().split("    <")[0].endswith(
+        " ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache a 0,1")
+    assert a.push.wire()["home"] == [0, 1] and a.push.wire()["args"][2:] == ["a", "0,1"]
+    # The port probe is asked of the agent, as `inv check` asks it.
+    assert b.ports.shown() == "agent: ports 5"
+    launch = plan.tasks[2].launch.shown()
+    assert launch.startswith(f"agent: launch {b.run_dir} 2 "
                              f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")
-    assert stop_command(b.host, b.run_dir, 2.5).line == f"{agent} stop {b.run_dir} 2.5"
-    assert poll_command(b.host, b.run_dir, {2: 10}).line.endswith(f" poll {b.run_dir} 2:10")
-    assert f"cleanup {b.run_dir} 3" in cleanup_command(b.host, b.run_dir, 3.0).line
+    assert stop_request(b.run_dir, 2.5).shown() == f"agent: stop {b.run_dir} 2.5"
+    assert poll_request(b.run_dir, {2: 10}).shown() == f"agent: poll {b.run_dir} 2:10"
+    assert follow_request(b.run_dir, {"1": 0}).shown() == f"agent: follow {b.run_dir} 1:0"
+    assert credit_request(7).wire() == {"verb": "credit", "args": ["7"], "home": []}
+    assert cleanup_request(b.host, b.run_dir, 3.0).shown() == f"agent: cleanup {b.run_dir} 3 b"
+    # inv setup's run directory is cleaned by a command of its own.
+    assert cleanup_command(b.host, b.run_dir, 3.0).line == (
+        f"~/venv/bin/python -I {b.run_dir}/tfdeploy-host.zip cleanup {b.run_dir} 3 b")
 
 
 @pytest.mark.parametrize("name", ["lab", "lab_ports"])
@@ -287,11 +298,11 @@ def test_secrets_are_starred_everywhere_they_are_shown(name):
     for task_doc in document["hosts"][0]["tasks"]:
         assert task_doc["env"]["API_KEY"] == "***" and task_doc["env"]["TOKEN"] == "***"
     shown = [text, json.dumps(document), json.dumps(document, ensure_ascii=False)]
-    # Environment values travel on stdin, so no command line carries them either.
+    # Environment values travel only inside the requests, so nothing shown carries them.
     for hp in plan.hosts:
-        shown += [hp.push.shown(), hp.ports.shown(),
-                  cleanup_command(hp.host, hp.run_dir, 3).shown()]
-        shown += [t.launch.shown() for t in hp.tasks]
+        shown += [hp.push.shown(), hp.ports.shown(), agent_command(hp.host).shown(),
+                  cleanup_request(hp.host, hp.run_dir, 3).shown()]
+        shown += [t.launch.shown() for t in hp.tasks] + [repr(t.launch) for t in hp.tasks]
     for secret in (SECRET_FROM_ENV, SECRET_IN_FILE):
         for where in shown:
             assert secret not in where

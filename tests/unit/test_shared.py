@@ -8,17 +8,18 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import hostpkg
 from deploy.host import cache as hostcache
 from deploy.host import prune as hostprune
 from deploy.host import share, teardown
 from deploy.host.check import unsafe_workdir
 from deploy.inventory.load import parse_inventory
+from deploy.plan.prune import Keep, prune_request
+from deploy.ssh.agent import StepFailed
 from deploy.plan.lints import lint, public_warnings
 from deploy.push.bundle import FileStream, manifest, manifest_document
 
@@ -157,15 +158,18 @@ def test_host_prune_keeps_young_runs_and_what_they_need(tmp_path):
     assert (cache / "files" / files[0].sha256).exists()
 
 
-def test_host_prune_runs_from_stdin_and_refuses_an_unsafe_workdir(tmp_path):
+def test_host_prune_is_asked_of_the_agent_and_refuses_an_unsafe_workdir(tmp_path):
+    _, files, cache = cached_run(tmp_path)
     work = tmp_path / "work"
-    work.mkdir()
-    work.chmod(0o777)
-    code = ("import sys; from deploy.host import prune; "
-            "prune.main(sys.argv[1:], sys.stdin.buffer)")
-    done = subprocess.run([sys.executable, "-c", code, str(work), "h1", "0"], input=b"{}",
-                          capture_output=True, cwd=REPO)
-    assert done.returncode == 1 and b"unsafe workdir" in done.stderr
+    host = hostpkg.local_host(str(work))
+    keep = Keep().document(host)
+    with hostpkg.LocalAgent(host) as agent:
+        dry = agent.agent.ask(prune_request(host, 0, dry_run=True), "prune", keep).wait(30)
+        assert dry["files"]["count"] == 1 and (cache / "files" / files[0].sha256).exists()
+        work.chmod(0o777)
+        with pytest.raises(StepFailed, match="prune failed: unsafe workdir"):
+            agent.agent.ask(prune_request(host, 0, dry_run=False), "prune", keep).wait(30)
+    assert (cache / "files" / files[0].sha256).exists()
 
 
 def inventory(text):

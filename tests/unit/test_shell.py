@@ -1,5 +1,7 @@
 """Quoting: hostile values reach the program literally through a real POSIX shell (/bin/sh,
-run locally as a subprocess; nothing here touches the network)."""
+run locally as a subprocess; nothing here touches the network), and through the host's agent,
+whose requests carry words as JSON values (deploy/host/serve.py), shown as a shell would quote
+them."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +15,8 @@ from hypothesis import strategies as st
 from deploy.errors import BadInput
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
-from deploy.plan.command import Command, HostPath, split_args
+from deploy.host.serve import expanded
+from deploy.plan.command import Command, HostPath, Request, split_args
 from deploy.plan.planner import Options, plan_run
 
 HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
@@ -82,6 +85,18 @@ def test_a_host_path_lets_the_host_expand_its_home():
     assert through_shell(f"printf %s {quoted(HostPath('~/~/x'))}") == f"{HOME}/~/x".encode()
 
 
+def test_a_host_path_in_a_request_is_expanded_by_the_agent_as_a_shell_would():
+    """The agent (serve.py expanded) gives a HostPath word the meaning the shell gave it:
+    only a leading ~/ (or ~ alone) is the host's home; every other word is literal."""
+    words = (HostPath("~/x y"), HostPath("~"), HostPath("/tmp/$(id)"), HostPath("/a/~/b"),
+             HostPath("~root/x"), HostPath("~/~/x"), "~/literal", "~")
+    assert expanded(Request("v", words).wire()) == [
+        f"{HOME}/x y", HOME, "/tmp/$(id)", "/a/~/b", "~root/x", f"{HOME}/~/x", "~/literal", "~"]
+    for word in words:
+        assert through_shell(f"printf %s {quoted(word)}").decode() == \
+            expanded(Request("v", (word,)).wire())[0]
+
+
 @settings(max_examples=80, deadline=None)
 @given(texts)
 def test_a_host_path_under_home_is_literal_after_the_tilde(rest):
@@ -121,20 +136,28 @@ def local_plan(args, env_values):
 
 
 def launch_tail(task) -> str:
-    """The words after the agent's `--`: interpreter, entry script and the script's args."""
-    line = task.launch.line
-    assert line.count(" -- ") >= 1
-    return line.split(" -- ", 1)[1]
+    """The words after the agent's `--` as --dry-run shows them: interpreter, entry script and
+    the script's args."""
+    shown = task.launch.shown()
+    assert shown.count(" -- ") >= 1
+    return shown.split(" -- ", 1)[1]
+
+
+def sent_tail(task) -> list[str]:
+    """The same words as the agent receives them (after its expansion of the host's paths)."""
+    args = expanded(task.launch.wire())
+    return args[args.index("--") + 1:]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(texts, max_size=4), st.lists(texts, max_size=3))
 def test_launch_arguments_arrive_literally(args, env_values):
     task = local_plan(args, env_values)
-    words = printf_words(launch_tail(task))
+    assert sent_tail(task) == ["/py", "train.py"] + list(args)
+    words = printf_words(launch_tail(task))        # what is shown is what is sent
     assert words == [b"/py", b"train.py"] + [a.encode() for a in args]
-    # Environment values are not on the command line at all: they go as JSON on stdin.
-    assert task.launch.stdin == "environment as JSON"
+    # Environment values are not among the words at all: they go in the request's env.
+    assert task.launch.wire()["env"] == {k: v.value for k, v in task.env.items()}
     for i, value in enumerate(env_values):
         assert task.env[f"V{i}"].value == value
 
@@ -144,11 +167,15 @@ def test_hostile_args_and_env_in_a_planned_launch(tmp_path):
     args = [a.replace("/tmp/tfdeploy-pwned", canary) for a in HOSTILE]
     secret = SECRET.replace("/tmp/tfdeploy-pwned", canary)
     task = local_plan(args, [secret, "$(touch %s)" % canary, "multi\nline"])
+    assert sent_tail(task) == ["/py", "train.py"] + args
     assert printf_words(launch_tail(task)) == [b"/py", b"train.py"] + [a.encode() for a in args]
-    assert secret not in task.launch.line and "multi\nline" not in task.launch.line
+    assert secret not in task.launch.shown() and "multi\nline" not in task.launch.shown()
+    assert secret not in repr(task.launch)
     # The words before the tail are the agent's own and also come out as they should.
-    head = task.launch.line.split(" -- ", 1)[0]
-    assert printf_words(head) == [b"/py", b"-I", f"{HOME}/.tfdeploy/runs/r1/tfdeploy-host.zip".encode(),
-                                  b"launch", f"{HOME}/.tfdeploy/runs/r1".encode(), b"0",
-                                  f"{HOME}/.tfdeploy/runs/r1/payload".encode()]
+    head = task.launch.shown().split(" -- ", 1)[0]
+    rundir = f"{HOME}/.tfdeploy/runs/r1"
+    assert printf_words(head) == [b"agent:", b"launch", rundir.encode(), b"0",
+                                  f"{rundir}/payload".encode()]
+    sent = expanded(task.launch.wire())
+    assert sent[:sent.index("--")] == [rundir, "0", f"{rundir}/payload"]
     assert not os.path.exists(canary)
