@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from deploy.host.layout import HOST_ZIP, in_run, task_file
@@ -69,6 +70,10 @@ def launch(rundir, task, cwd, argv, prefer, variables):
         [sys.executable, "-I", in_run(rundir, HOST_ZIP), "supervise", rundir, task, "--"] + argv,
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, close_fds=True)
+    log.close()
+    # The agent that started it lives as long as the run: it must reap the supervisor, whose
+    # zombie would otherwise keep the task's process group alive to every check.
+    threading.Thread(target=proc.wait, daemon=True).start()
     info = {"pid": proc.pid, "pgid": proc.pid, "started": time.time()}
     write_json_atomic(task_file(rundir, task, "pid"), info)
     return info

@@ -22,7 +22,6 @@ from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import Options, plan_run
 from deploy.push.payload import PayloadPush
 from deploy.ssh.session import Session
-from deploy.ssh.transport import connect
 from deploy.state.record import new_run_id
 
 pytestmark = pytest.mark.integration
@@ -48,8 +47,9 @@ def remote(ssh_lab, tmp_path_factory):
     (payload / "dump.py").write_text(DUMP)
     lab_host = ssh_lab.hosts[0]
     (host,) = load_inventory(ssh_lab.write_inventory(base / "hosts.yaml", [lab_host])).hosts
-    session = Session({host.name: connect(host, 10)})
+    session, errors = Session.open_each([host], 10, False)
     try:
+        assert not errors, errors
         yield session, host, payload
     finally:
         session.close()

@@ -225,8 +225,10 @@ class Following:
         self.frames: list[dict] = []
         self.arrived = threading.Condition()
         self.ended = threading.Event()
+        self.asked = threading.Event()        # a frame may come before ask() has returned
         self.reply = agent.ask(follow_request(str(rundir), offsets), "following",
                                on_frame=self._frame, on_end=lambda reply: self.ended.set())
+        self.asked.set()
 
     def _frame(self, doc: dict) -> None:
         with self.arrived:
@@ -236,6 +238,7 @@ class Following:
             self.credit()
 
     def credit(self) -> None:
+        self.asked.wait(10)
         self.agent.tell(credit_request(self.reply.number))
 
     def wait_for(self, count: int, timeout: float = 15) -> list[dict]:
@@ -445,6 +448,7 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
         with tarfile.open(fileobj=io.BytesIO(fetched)) as tar:
             assert tar.extractfile("./result.txt").read() == b"saved"
 
+        assert wait_until_gone(run_id, 5) == []      # the supervisor, too, has exited
         stopped = agent.ask(stop_request(hp.run_dir, 1), "stop").wait(30)
         assert stopped == {"signalled": {}, "survivors": []}
         cleaned = agent.ask(cleanup_request(host, hp.run_dir, 1), "cleanup").wait(30)
@@ -452,7 +456,7 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
         assert (workdir / "runs").is_dir()
         # A second cleanup (the run dir is gone) answers instead of failing.
         again = agent.ask(cleanup_request(host, hp.run_dir, 1), "cleanup").wait(30)
-        assert again == {"survivors": [], "absent": True}
+        assert again == {"signalled": {}, "survivors": [], "absent": True}
     finally:
         agent.close()
         transport.close()

@@ -77,7 +77,7 @@ def test_requests_work_in_a_hostile_run_dir(tmp_path):
         assert (other / "backup" / "state").read_text() == "epoch 2"
         answer = local.agent.ask(cleanup_request(host, str(tmp_path / "never $(id)"), 1),
                                  "cleanup").wait(30)
-    assert answer == {"survivors": [], "absent": True}
+    assert answer == {"signalled": {}, "survivors": [], "absent": True}
     assert not canary.exists()
 
 

@@ -87,12 +87,14 @@ def test_an_unknown_verb_is_an_error_naming_it_and_the_agent_serves_on():
 
 @pytest.mark.parametrize("verb, args, words", [
     ("poll", (), "poll failed: IndexError"),                 # no run directory at all
-    ("stop", ("/nowhere", "soon"), "stop failed: could not convert string to float"),
+    ("stop", ("{run}", "soon"), "stop failed: could not convert string to float"),
     ("ports", ("many",), "ports failed: invalid literal for int()"),
     ("launch", ("/nowhere", "0", "/"), "launch failed:"),   # no `--` and no program
     ("credit", ("x",), "credit failed:"),
 ])
-def test_a_request_with_bad_words_is_an_error_and_the_agent_serves_on(verb, args, words):
+def test_a_request_with_bad_words_is_an_error_and_the_agent_serves_on(verb, args, words,
+                                                                     tmp_path):
+    args = [str(tmp_path) if word == "{run}" else word for word in args]
     with hostpkg.LocalAgent() as agent:
         with pytest.raises(StepFailed, match=words):
             agent.ask(verb, *args, timeout=10)
