@@ -12,8 +12,12 @@ top-level "length" announces a body that follows the tasks' bytes; the reader pu
 import json
 
 # A header is a few hundred bytes of task states or a request's words; past this it is not a
-# header.
+# header. A task's log chunk is at most 1 MiB (agent.py); a body (a request's stage or backup,
+# an answer's output archive) is bounded too, so that a broken or foreign writer cannot make
+# the reader hold any amount of memory.
 MAX_HEADER = 1 << 20
+MAX_CHUNK = 16 << 20
+MAX_BODY = 8 << 30
 
 
 def write_frame(out, doc, chunks=None, body=b""):
@@ -37,8 +41,8 @@ class FrameError(ValueError):
     """The stream holds something that is not a frame (a broken or foreign writer)."""
 
 
-def _exactly(stream, length, line):
-    if not isinstance(length, int) or length < 0:
+def _exactly(stream, length, line, most):
+    if not isinstance(length, int) or not 0 <= length <= most:
         raise FrameError("bad length in frame header: %r" % line[:200])
     data = stream.read(length) if length else b""
     if len(data) != length:
@@ -63,6 +67,6 @@ def read_frame(stream):
     if not isinstance(tasks, dict) or not all(isinstance(s, dict) for s in tasks.values()):
         raise FrameError("bad tasks in frame header: %r" % line[:200])
     for status in tasks.values():
-        status["data"] = _exactly(stream, status.pop("length", 0), line)
-    doc["body"] = _exactly(stream, doc.pop("length", 0), line)
+        status["data"] = _exactly(stream, status.pop("length", 0), line, MAX_CHUNK)
+    doc["body"] = _exactly(stream, doc.pop("length", 0), line, MAX_BODY)
     return doc
