@@ -59,7 +59,7 @@ def read_frame(stream):
         return None
     try:
         doc = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict) or not line.endswith(b"\n"):
         raise FrameError("not a frame header: %r" % line[:200])

@@ -82,9 +82,12 @@ class Mesh:
 
 
 def expanded(request):
+    """The request's words, its paths (HostPath, plan/command.py) with a leading `~` or `~/`
+    as this host's home, as a shell expands them; `~user/` stays as it is, as quoted."""
     args = [str(a) for a in request.get("args", [])]
     for i in request.get("home", []):
-        args[i] = os.path.expanduser(args[i])
+        if args[i] == "~" or args[i].startswith("~/"):
+            args[i] = os.path.expanduser(args[i])
     return args
 
 

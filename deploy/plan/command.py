@@ -8,7 +8,6 @@ written in our code (`&&`, `if [ -f`, `; fi`), never built from input.
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -39,11 +38,10 @@ def _quoted(word: str) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """One command for a host's shell: its words, the environment its program gets, and what
-    it reads on stdin. Environment values never go into the line (a process list on the host
-    would show them); they travel on stdin as JSON (env_stdin)."""
+    """One command for a host's shell: its words and what it reads on stdin. Environments
+    never go into a line (a process list on the host would show them): a task's travels in
+    its launch Request."""
     argv: tuple[str, ...]
-    env: Mapping[str, EnvValue] = field(default_factory=dict)
     stdin: str = ""          # a short description of what it reads on stdin; "": nothing
 
     def __post_init__(self):
@@ -57,23 +55,8 @@ class Command:
         return " ".join(_quoted(word) for word in self.argv)
 
     def shown(self) -> str:
-        """The line and, after `<`, what goes on its stdin: what --dry-run prints. Secrets are
-        only ever in env, which travels on stdin, so the line can be shown as it is."""
+        """The line and, after `<`, what goes on its stdin: what --dry-run prints."""
         return self.line + (f"    < {self.stdin}" if self.stdin else "")
-
-    def __repr__(self) -> str:
-        # Also what a traceback or a failed test prints: secrets masked there too.
-        return f"Command({self.argv!r}, env={self.shown_env()!r}, stdin={self.stdin!r})"
-
-    def shown_env(self) -> dict[str, str]:
-        """The environment for display: secret values as ***."""
-        return {key: value.shown() for key, value in self.env.items()}
-
-    def env_stdin(self, **extra: str) -> bytes:
-        """The stdin of a command that reads its environment (the agent's launch):
-        {"env": {...}} with the real values, `extra` on top. For the wire only."""
-        values = {key: value.value for key, value in self.env.items()}
-        return json.dumps({"env": {**values, **extra}}).encode()
 
 
 @dataclass(frozen=True)

@@ -246,7 +246,7 @@ def data_commands(host: Host, rundir: str) -> dict:
         "data_dir": data_dir,
         "data_push": push_request(
             "data-push", rundir, data_dir, cache_dir(host),
-            body="tar.gz of the data manifest and the host package; after the host's answer, "
+            body="tar.gz of the data manifest; after the host's answer, "
                   "the data files it lacks, each headed by its sha256"),
     }
 

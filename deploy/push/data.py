@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.host.layout import DATA_MANIFEST, HOST_ZIP
+from deploy.host.layout import DATA_MANIFEST
 from deploy.inventory.model import Host, Inventory, InventoryError
 from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import (
@@ -28,7 +28,6 @@ from deploy.push.bundle import (
     payload_files
 )
 from deploy.push.hashcache import HashCache
-from deploy.ssh.hostzip import host_zip
 from deploy.push.payload import size_text
 from deploy.ssh.session import Session
 
@@ -56,11 +55,10 @@ class DataTree:
         return cls(root, files, json.dumps(manifest_document(files)).encode())
 
     def stage(self) -> bytes:
-        """The data step's tar.gz: the manifest and the host package, into the run dir."""
+        """The data step's tar.gz: the manifest, into the run dir."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
             add_bytes(tar, DATA_MANIFEST, self.manifest)
-            add_bytes(tar, HOST_ZIP, host_zip())
         return buf.getvalue()
 
 

@@ -73,15 +73,20 @@ class Reply:
 class HostAgent:
     def __init__(self, host: Host, transport: Transport):
         self.host, self.transport = host, transport
-        self.stream: LineStream = transport.stream(agent_command(host).line)
         self.ids = itertools.count(1)
-        self.replies: dict[int, Reply] = {}
         self.sending = threading.Lock()       # one frame at a time on the channel
         self.table = threading.Lock()         # the replies awaited
-        self.heard = time.monotonic()
         self.lost = ""                        # why the channel ended, once it has
+        self._start()
+
+    def _start(self) -> None:
+        """Start the agent on a channel of its own, with a reader for its answers."""
+        self.stream: LineStream = self.transport.stream(agent_command(self.host).line)
+        self.replies: dict[int, Reply] = {}
+        self.heard = time.monotonic()
         self.stream.send(boot_stdin())
-        threading.Thread(target=self._read, daemon=True, name=f"agent-{host.name}").start()
+        threading.Thread(target=self._read, args=(self.stream, self.replies), daemon=True,
+                         name=f"agent-{self.host.name}").start()
 
     def ask(self, request: Request, step: str, body: bytes = b"",
             files: Iterable[bytes] | None = None, on_frame: Callable[[dict], None] | None = None,
@@ -107,7 +112,23 @@ class HostAgent:
                     self.stream.send(piece)
             except TransportError as exc:
                 return self._forget(number, str(exc))
+            except Exception as exc:
+                # The files stopped coming (a file changed while it was read): the agent
+                # reads the next request as the rest of them. A new agent takes its place for
+                # what follows (the teardown); this one and what it was asked are dropped.
+                self._restart(f"its file stream was cut: {exc}")
+                raise
         return reply
+
+    def _restart(self, why: str) -> None:
+        with self.table:
+            replies, stream = self.replies, self.stream
+        try:
+            self._start()        # first: the old channel's reader must find itself replaced
+        except TransportError as exc:
+            self.lost = str(exc)
+        self._fail(replies, why)
+        stream.close()
 
     def tell(self, request: Request) -> None:
         """Send a request that is not answered (a follow's credit); a lost channel is noticed
@@ -128,9 +149,9 @@ class HostAgent:
         """Seconds since the host last said anything (a beat at least every second)."""
         return time.monotonic() - self.heard
 
-    def _read(self) -> None:
+    def _read(self, stream: LineStream, replies: dict[int, Reply]) -> None:
         try:
-            while (doc := read_frame(self.stream)) is not None:
+            while (doc := read_frame(stream)) is not None:
                 self.heard = time.monotonic()
                 number = doc.pop("id", None)
                 if not doc["body"]:
@@ -138,23 +159,26 @@ class HostAgent:
                 if number is None:
                     continue                      # a beat
                 with self.table:
-                    reply = self.replies.get(number)
+                    reply = replies.get(number)
                 if reply is None:
                     continue
                 if reply.on_frame is not None and "error" not in doc and not doc.get("end"):
                     reply.on_frame(doc)
                     continue
                 with self.table:
-                    self.replies.pop(number, None)
+                    replies.pop(number, None)
                 reply._end(doc, doc.get("error") or "")
-            why = self._ended()
+            why = self._ended(stream)
         except Exception as exc:  # a broken channel or garbage: every waiting step is told
             why = f"{exc}"
-        self._fail_all(why)
+        if stream is self.stream:
+            self._fail_all(why)
+        else:                     # a channel given up on (_restart): its replies are told
+            self._fail(replies, why)
 
-    def _ended(self) -> str:
+    def _ended(self, stream: LineStream) -> str:
         """Why the agent's channel ended: its python's exit and last words."""
-        result = self.stream.outcome()
+        result = stream.outcome()
         if result.code in (126, 127):
             return (f"python {self.host.python!r} does not run there: {result.error_text()} "
                     f"(set 'python:' in the inventory)")
@@ -162,12 +186,17 @@ class HostAgent:
             return "the connection was lost"
         return f"the host's agent ended ({result.error_text()})"
 
+    def _fail(self, replies: dict[int, Reply], why: str) -> None:
+        with self.table:
+            pending = list(replies.values())
+            replies.clear()
+        for reply in pending:
+            reply._end(None, why)
+
     def _fail_all(self, why: str) -> None:
         with self.table:
             self.lost = self.lost or why or "the host's agent ended"
-            replies, self.replies = list(self.replies.values()), {}
-        for reply in replies:
-            reply._end(None, self.lost)
+        self._fail(self.replies, self.lost)
 
     def abandon(self, why: str) -> None:
         """Give up on the host: every awaited answer and every later request fails at once

@@ -81,14 +81,9 @@ def test_requests_work_in_a_hostile_run_dir(tmp_path):
     assert not canary.exists()
 
 
-def test_secrets_are_masked_wherever_a_command_is_shown():
-    command = Command(("python3", "-I", "agent.zip"), ENV, stdin="environment as JSON")
-    assert command.shown() == "python3 -I agent.zip    < environment as JSON"
-    assert command.shown_env() == {"PLAIN": "a b", "TOKEN": "***"}
-    for shown in (command.line, command.shown(), repr(command), str(command),
-                  json.dumps(command.shown_env())):
-        assert SECRET not in shown
-    assert "'TOKEN': '***'" in repr(command)
+def test_a_command_shows_what_it_reads():
+    assert Command(("python3", "-I", "-c", "x"), stdin="a zip").shown() == \
+        "python3 -I -c x    < a zip"
     assert Command(("true",)).shown() == "true"          # reads nothing: nothing after <
 
 

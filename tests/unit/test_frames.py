@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deploy.host.frames import FrameError, read_frame, write_frame
+from deploy.host.frames import MAX_BODY, MAX_CHUNK, FrameError, read_frame, write_frame
 
 
 @settings(max_examples=200, deadline=None)
@@ -80,6 +80,10 @@ def test_any_bytes_are_a_frame_or_refused_as_none(data):
     (b'{"length": "10"}\n', "bad length"),
     (b'{"tasks": []}\n', "bad tasks"),
     (b"[" * 100000 + b"]" * 100000 + b"\n", "not a frame header"),    # nested past recursion
+    # Lengths past any chunk or body the tools send: refused before anything is read.
+    (b'{"tasks": {"0": {"length": %d}}}\n' % (MAX_CHUNK + 1), "bad length"),
+    (b'{"length": %d}\n' % (MAX_BODY + 1), "bad length"),
+    (b'{"length": 1e400}\n', "bad length"),
 ])
 def test_what_is_not_a_frame_is_refused(stream, message):
     with pytest.raises(FrameError, match=message):

@@ -65,17 +65,20 @@ def test_the_boot_loads_the_package_from_memory_alone(tmp_path):
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     try:
-        out, err = agent.communicate(boot_stdin() + request + b"\n", timeout=30)
+        agent.stdin.write(boot_stdin() + request + b"\n")
+        agent.stdin.flush()
+        while (answer := read_frame(agent.stdout)) is not None and answer.get("id") != 1:
+            pass                                            # its beats
+        agent.stdin.close()                                 # the controller is done: it ends
+        agent.wait(30)
+        err = agent.stderr.read()
     finally:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-    stream = io.BytesIO(out)
-    frames = list(iter(lambda: read_frame(stream), None))
-    (answer,) = [f for f in frames if f.get("id") == 1]
-    assert len(answer["ports"]) == 2, err
+    assert answer is not None and len(answer["ports"]) == 2, err
     assert list(tmp_path.iterdir()) == []                 # nothing written
-    assert agent.returncode == 0 and err == b""           # its stdin ended: it ended
+    assert agent.returncode == 0 and err == b""
 
 
 def test_an_unknown_verb_is_an_error_naming_it_and_the_agent_serves_on():
