@@ -10,7 +10,8 @@ import time
 
 from deploy.console.view import LiveView, failure_panel, say
 from deploy.run.follow import Event, Followers
-from deploy.run.run import Run, RunSettings, ignore_sigint
+from deploy.run.run import Run, RunSettings
+from deploy.run.signals import tearing_down
 from deploy.run.stopping import Stopper
 from deploy.ssh.session import StepFailed
 from deploy.state import lifetime
@@ -50,12 +51,10 @@ class Watch:
                     view.refresh()
         except KeyboardInterrupt:
             if run.interrupt_stops:
-                restore = ignore_sigint()
-                try:
+                # Teardown begins here: a second interrupt abandons it (signals.py).
+                with tearing_down():
                     self.stopper.stop()
                     self.stopper.wait_for_answers(lambda event: self.take(event, None))
-                finally:
-                    restore()
             raise
         finally:
             self.followers.close()
