@@ -6,7 +6,8 @@
   KeyboardInterrupt: every command treats it as its Ctrl-C, and exits 143 (128 + 15).
 - SIGHUP (the terminal closed) raises HungUp: a run being followed is let go, left running
   and reattachable with `inv logs --run ID --follow`; the controller exits 129 (128 + 1).
-  Its terminal is gone, so from then on its output goes to /dev/null.
+  Its terminal is gone, so from then on its output goes to /dev/null; a write that meets the
+  hung-up terminal before the signal does is dropped the same way (HangupProof).
 - While a run is torn down (tearing_down()): a second Ctrl-C or SIGTERM abandons the
   teardown (Abandoned) and the controller exits at once, naming what may be left and the
   `inv down` that finishes the job; SIGHUP only silences the output, as nobody would be left
@@ -17,9 +18,11 @@ stays ignored: whoever started it so chose.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -86,9 +89,38 @@ def _character_device(fd: int) -> bool:
         return False
 
 
+class HangupProof:
+    """sys.stdout or sys.stderr, where a write that fails because the terminal hung up (EIO)
+    silences the terminal and is dropped: a closed terminal is not a failure of the run, and
+    the SIGHUP that comes with it decides what happens (the kernel fails the terminal's
+    writes before it signals, and Python runs the handler later still)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._survive(lambda: self.stream.write(text), len(text))
+
+    def flush(self) -> None:
+        self._survive(self.stream.flush, None)
+
+    def _survive(self, call, dropped):
+        try:
+            return call()
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            silence_terminal()
+            return dropped
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 @contextmanager
 def controller_signals():
-    """SIGTERM and SIGHUP as exceptions in the main thread for the duration of a command."""
+    """SIGTERM and SIGHUP as exceptions in the main thread, and stdout and stderr that outlive
+    their terminal, for the duration of a command."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -96,9 +128,12 @@ def controller_signals():
     for signum, handler in ((signal.SIGTERM, _terminated), (signal.SIGHUP, _hung_up)):
         if signal.getsignal(signum) is signal.SIG_DFL:
             previous[signum] = signal.signal(signum, handler)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = HangupProof(sys.stdout), HangupProof(sys.stderr)
     try:
         yield
     finally:
+        sys.stdout, sys.stderr = streams
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
