@@ -23,6 +23,7 @@ from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
 from deploy.run.check import check_before_run
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
+from deploy.run.lostport import NewPorts
 from deploy.run.preflight import refuse_bad_input
 from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings
@@ -97,7 +98,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
             return _detach(run, settings)
         run.set_state(RunState.RUNNING, controller_pid=os.getpid())
         restarter = Restarter(inventory, options, settings.restarts) if settings.restarts else None
-        follow_to_end(run, settings, restarter)
+        follow_to_end(run, settings, restarter, NewPorts(inventory, options, settings.restarts))
     except KeyboardInterrupt as interrupt:
         how = Finish.by(interrupt)
         say(console, f"{'terminated' if how == Finish.TERMINATED else 'interrupted'}: "

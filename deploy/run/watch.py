@@ -150,12 +150,16 @@ class Watch:
             self.stopper.stop()
 
 
-def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
-    """Watch the run until every task has ended; on a failure, relaunch while `restarter`
-    allows (--restarts)."""
+def follow_to_end(run: Run, settings: RunSettings, restarter=None, new_ports=None) -> None:
+    """Watch the run until every task has ended; on a failure, relaunch on new ports once when
+    a task lost its port (`new_ports`, lostport.py), or while `restarter` allows (--restarts)."""
     while True:
         Watch(run, settings.start_timeout, restarter).follow()
-        if run.failure is None or restarter is None:
+        if run.failure is None:
+            return
+        if new_ports is not None and new_ports.relaunched(run):
+            continue
+        if restarter is None:
             return
         if run.plan.has_roles:
             say(run.console, "not restarting the cluster: in a parameter-server cluster "
