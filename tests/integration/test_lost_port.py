@@ -15,8 +15,11 @@ from test_train import assert_nothing_left, only_run
 
 pytestmark = pytest.mark.integration
 
-HOLD = "import socket, sys, time; s = socket.socket(); s.bind(('', int(sys.argv[1]))); " \
-       "s.listen(); print('held', flush=True); time.sleep(600)"
+# SO_REUSEADDR as servers set it (a port's TIME_WAIT connections do not stop them); not
+# SO_REUSEPORT, which would let a second server bind beside it.
+HOLD = ("import socket, sys, time; s = socket.socket(); "
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        "s.bind(('', int(sys.argv[1]))); s.listen(); print('held', flush=True); time.sleep(600)")
 
 SERVER = f"""\
 import json, os, socket, subprocess, sys, time
@@ -30,6 +33,7 @@ if me == 0 and (attempt == "1" or "--always" in sys.argv):
                               stdout=subprocess.PIPE)
     holder.stdout.readline()
 server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("", port))
 server.listen()
 print(f"attempt {{attempt}}: serving on port {{port}}", flush=True)
