@@ -97,7 +97,7 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
     inventory, hosts, payload = lab
     runs = tmp_path / "runs"
     master, slave = pty.openpty()
-    controller = subprocess.Popen(train_command(inventory, runs, payload, "40 0.3"), cwd=REPO,
+    controller = subprocess.Popen(train_command(inventory, runs, payload, "50 0.3"), cwd=REPO,
                                   stdin=slave, stdout=slave, stderr=slave,
                                   start_new_session=True)
     os.close(slave)
@@ -112,12 +112,27 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
         assert controller.wait(timeout=60) == 129
         assert record(runs, run_id)["state"] == "detached"
         assert len(processes_of_run(run_id)) >= 4, "training goes on without a controller"
+        # SIGTERM to a follower stops the following only, as its Ctrl-C does.
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir", str(runs),
+             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for_follower(runs, run_id, follower)
+            follower.send_signal(signal.SIGTERM)
+            out = follower.communicate(timeout=60)[0]
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+        assert follower.returncode == 143 and "goes on" in out and "Traceback" not in out, out
+        assert record(runs, run_id)["state"] == "detached"
+        assert len(processes_of_run(run_id)) >= 4
         done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow")
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "training finished" in done.stdout and "epoch 40/40" in done.stdout
+        assert "training finished" in done.stdout and "epoch 50/50" in done.stdout
         assert "teardown: no process of run" in done.stdout
         for i in range(2):
-            assert epoch_lines(runs / run_id / f"worker-{i}.log") == list(range(1, 41))
+            assert epoch_lines(runs / run_id / f"worker-{i}.log") == list(range(1, 51))
         assert record(runs, run_id)["state"] == "finished"
         assert_nothing_left(runs / run_id, hosts)
     finally:
@@ -128,6 +143,18 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
             controller.wait()
         if run_id:
             kill_by_records(run_id, hosts)
+
+
+def wait_for_follower(runs: Path, run_id: str, follower: subprocess.Popen,
+                      timeout: float = 60) -> None:
+    """Until `follower` has taken the run over (its pid in the record)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if record(runs, run_id).get("controller_pid") == follower.pid:
+            return
+        assert follower.poll() is None, follower.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError("the follower never took the run over")
 
 
 def wait_for_first_epoch_on(master: int, runs: Path, controller: subprocess.Popen,
