@@ -36,8 +36,8 @@ from deploy.run.reattach import plot as draw_plot
 from deploy.run.reattach import status as show_status
 from deploy.run.run import RunSettings
 from deploy.run.setup import requirements_hash
-from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
 from deploy.run.setup import setup as setup_envs
+from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
 from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id
 

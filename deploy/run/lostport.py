@@ -3,8 +3,8 @@ then another process bound it before the task did. TensorFlow's gRPC server cann
 the task exits; nothing about the run is wrong but its ports. The run is relaunched once,
 every task on fresh ports; a second loss ends it, naming the host and the port.
 
-Recognised in the failed task's last log lines (the console hides them as TensorFlow's C++ log;
-the failure panel and the log file show them):
+Recognised in the failed task's last log lines (the console hides the first below as
+TensorFlow's C++ log; the log file keeps it):
 - TensorFlow 2.21: `E0000 … add_port.cc:83] Failed to add port to server: No address added out
   of total 1 resolved for '0.0.0.0:45149'`, then `Could not start gRPC server`;
 - any Python server: `OSError: [Errno 98] Address already in use`.

@@ -15,7 +15,7 @@ from rich.console import Console
 from deploy.console.view import runs_table, say, status_table
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
-from deploy.run.finish import Finish, draw_loss_plot, finish
+from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
 from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import HungUp, exit_code
 from deploy.run.watch import follow_to_end
@@ -119,8 +119,9 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
             # left running on purpose.
             run.close()
             run.set_state(RunState.DETACHED, controller_pid=None)
-            say(console, f"stopped following; run {record.run_id} goes on. "
-                         f"Stop it with: inv down --run {record.run_id}", "yellow")
+            say(console, f"stopped following; run {record.run_id} goes on. Stop it with: "
+                         f"inv down --run {record.run_id}{runs_dir_flag(local_dir.parent)}",
+                "yellow")
             return exit_code(interrupt)
         return finish(run, how)
     finally:
