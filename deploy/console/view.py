@@ -212,7 +212,9 @@ def failure_panel(task: TaskProgress, reason: str, raw: bool = False) -> Panel:
     tail = [shown for line in task.tail
             if (shown := shown_line(line, raw, events_as_text=False)) is not None]
     body = Text("\n".join(tail[-20:]) or "(no output)")
-    return Panel(body, title=f"{task.name} on {task.host}: {reason} — last log lines",
+    # A title given as a string would be read as markup.
+    return Panel(body, title=Text(plain(f"{task.name} on {task.host}: {reason} — last log "
+                                        "lines")),
                  border_style="red", title_align="left")
 
 

@@ -63,7 +63,8 @@ def test_the_panels_and_tables_show_a_payloads_values_as_plain_text():
         {"event": "epoch", "epoch": "[/bold]\x1b[2J", "loss": 1.0, "[/i]\x07": 2.0}).encode()
         + b"\n")
     task.state, task.code, task.pid = "exited", 1, "[/x]\x1b"
-    for renderable in (failure_panel(task, "exit code 1"), status_table([task], "run"),
+    for renderable in (failure_panel(task, "exit [/code]\x1b]0;t\x07"),
+                       status_table([task], "run"),
                        summary_table([task])):
         out = io.StringIO()
         Console(file=out, width=200, force_terminal=True).print(renderable)
