@@ -19,7 +19,7 @@ import pytest
 from test_runs import epoch_lines, inv, kill_by_records, record
 from test_train import REPO, assert_nothing_left, wait_for_first_epoch
 
-from procs import processes_of_run, wait_until_gone
+from procs import default_signals, processes_of_run, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,8 @@ def test_sigterm_stops_every_task_and_exits_143_without_a_traceback(lab, tmp_pat
     inventory, hosts, payload = lab
     runs = tmp_path / "runs"
     controller = subprocess.Popen(train_command(inventory, runs, payload, "200 0.2"), cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  preexec_fn=default_signals)
     run_id = None
     try:
         run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
@@ -99,7 +100,7 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
     master, slave = pty.openpty()
     controller = subprocess.Popen(train_command(inventory, runs, payload, "50 0.3"), cwd=REPO,
                                   stdin=slave, stdout=slave, stderr=slave,
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=default_signals)
     os.close(slave)
     run_id = None
     try:
@@ -115,7 +116,8 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
         # SIGTERM to a follower stops the following only, as its Ctrl-C does.
         follower = subprocess.Popen(
             [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir", str(runs),
-             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=default_signals)
         try:
             wait_for_follower(runs, run_id, follower)
             follower.send_signal(signal.SIGTERM)
@@ -182,7 +184,8 @@ def test_a_second_ctrl_c_abandons_the_teardown_and_names_inv_down(lab, tmp_path)
     runs = tmp_path / "runs"
     controller = subprocess.Popen(
         train_command(inventory, runs, payload, "200 0.2 --ignore-term", "--grace", "5"),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_signals)
     run_id = None
     try:
         run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
