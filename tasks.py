@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from deploy.console.checkview import report_view
+from deploy.console.plain import plain
 from deploy.errors import BadInput, TfdeployError
 from deploy.inventory.builtin import chosen_inventory
 from deploy.inventory.logins import login_documents, login_text
@@ -36,6 +37,7 @@ from deploy.run.reattach import status as show_status
 from deploy.run.run import RunSettings
 from deploy.run.setup import requirements_hash
 from deploy.run.setup import setup as setup_envs
+from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
 from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id
 
@@ -61,16 +63,21 @@ VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log
 @contextmanager
 def reported(console: Console):
     """Expected errors as one red line; exit status 2 for bad input (nothing was touched),
-    1 for a failure, 130 for Ctrl-C before a run had started (later ones the run handles)."""
+    1 for a failure, 130 for Ctrl-C and 143 for SIGTERM before a run had started, 129 when
+    the terminal closed (later ones the run handles: deploy/run/signals.py)."""
     private_umask()
     try:
-        yield
+        with controller_signals():
+            yield
     except TfdeployError as exc:
-        console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+        console.print(Text.assemble(("error: ", "bold red"), plain(str(exc))))
         raise Exit(code=exc.exit_code)
-    except KeyboardInterrupt:
-        console.print("interrupted", style="yellow")
-        raise Exit(code=130)
+    except KeyboardInterrupt as interrupt:
+        console.print("terminated" if isinstance(interrupt, Terminated) else "interrupted",
+                      style="yellow")
+        raise Exit(code=exit_code(interrupt))
+    except HungUp as hangup:
+        raise Exit(code=hangup.exit_code)
 
 
 def exit_with(code: int | None) -> None:
@@ -169,7 +176,9 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
-    input (nothing started anywhere); 130 after Ctrl-C.
+    input (nothing started anywhere); 130 after Ctrl-C, 143 after SIGTERM (both stop every
+    task first; a second Ctrl-C abandons the teardown and names the `inv down` that ends it);
+    129 when the terminal closed (SIGHUP), which leaves the run going for `inv logs --follow`.
     """
     console = Console(highlight=False)
     with reported(console):
@@ -336,7 +345,8 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
 @task(help={**RUN_HELP,
             "follow": "keep following, with the live view of inv train, until the run ends; "
                       "then fetch artifacts, write summary.json and tear the run down. "
-                      "Ctrl-C stops following only: the run goes on",
+                      "Ctrl-C, SIGTERM or closing the terminal stop following only: the "
+                      "run goes on",
             "task": "print only task N's lines (every task's log is still kept locally)",
             "start_timeout": "with --follow: seconds for every task to reach its first "
                              "training step before the run is torn down (default: 0, off)",

@@ -1,4 +1,4 @@
-"""How fast a run is gone everywhere: after one worker's death, and after Ctrl-C.
+"""How fast a run is gone everywhere: after one worker's death, after Ctrl-C and after SIGTERM.
 
 Three real sshd hosts on loopback (the test lab, on its own addresses) train the default
 payload; task 2 sets SIGTERM to SIG_IGN once training runs, like a payload that ignores TERM.
@@ -7,6 +7,7 @@ TFDEPLOY_RUN_ID is left on the machine (a /proc scan every 10 ms, as tests/procs
 
     worker death   SIGKILL to task 1's process group (as an OOM kill or a crash would)
     ctrl-c         SIGINT to the `inv train` controller
+    sigterm        SIGTERM to the `inv train` controller (handled as Ctrl-C: run/signals.py)
 
     python benchmarks/bench_teardown.py [--repeats 3] [--grace 3]
 """
@@ -92,7 +93,7 @@ def one(scenario: str, inventory: Path, tmp: Path, pay: Path, hosts, grace: floa
             os.killpg(pgid, signal.SIGKILL)
         else:
             since = time.monotonic()
-            controller.send_signal(signal.SIGINT)
+            controller.send_signal(signal.SIGINT if scenario == "ctrl-c" else signal.SIGTERM)
         took = gone_after(run_id, since)
         controller.wait(timeout=60)
         return took
@@ -110,7 +111,7 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=3.0,
                         help="inv train --grace (default 3, the tool's default)")
     opts = parser.parse_args()
-    results: dict[str, list[float]] = {"worker death": [], "ctrl-c": []}
+    results: dict[str, list[float]] = {"worker death": [], "ctrl-c": [], "sigterm": []}
     with tempfile.TemporaryDirectory() as tmp, SshLab(Path(tmp) / "lab",
                                                        first_octet=LAB_OCTET) as lab:
         hosts = lab.start(3)
@@ -125,6 +126,8 @@ def main() -> None:
     for scenario, times in results.items():
         print(f"{scenario:>13} -> every task gone: " + " ".join(f"{t:.2f}" for t in times)
               + f" s; median {statistics.median(times):.2f} s, max {max(times):.2f} s")
+    ratio = statistics.median(results["sigterm"]) / statistics.median(results["ctrl-c"])
+    print(f"sigterm / ctrl-c (medians): {ratio:.2f}")
 
 
 if __name__ == "__main__":

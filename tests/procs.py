@@ -57,3 +57,12 @@ def _state(pid: str) -> str:
         stat = f.read()
     # "pid (comm) S ...": comm may hold spaces and parentheses, so split after the last ')'.
     return stat.rpartition(b")")[2].split()[0].decode()
+
+
+def default_signals() -> None:
+    """A `preexec_fn` for a controller a test signals: SIGINT, SIGTERM and SIGHUP at their
+    defaults, whatever the test run inherited (a background job has SIGINT ignored, `nohup`
+    SIGHUP), since a controller keeps a signal it inherited as ignored."""
+    import signal
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)

@@ -5,6 +5,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from deploy.console.plain import plain
 from deploy.plan.checks import CheckReport, rows
 
 
@@ -23,12 +24,13 @@ def report_view(report: CheckReport) -> Group:
         refs = ", ".join(f"#{numbers[p]}" for p in check.problems)
         cells[-1] = Text(refs, style="bold red") if refs else Text("ok", style="green")
         cells[-2] = Text(cells[-2], style="green" if cells[-2] == "ok" else "red")
-        table.add_row(*cells)
+        # The hosts' answers (versions, addresses) as plain text, never as markup.
+        table.add_row(*(c if isinstance(c, Text) else Text(plain(str(c))) for c in cells))
     lines: list = [table]
     if report.problems:
         lines.append(Text("cluster: " + ", ".join(f"#{numbers[p]}" for p in report.problems),
                           style="bold red"))
-    lines += [Text(f"#{n} {p}", style="red") for p, n in numbers.items()]
+    lines += [Text(plain(f"#{n} {p}"), style="red") for p, n in numbers.items()]
     if report.ok:
         lines.append(Text("all checks passed", style="green"))
     return Group(*lines)

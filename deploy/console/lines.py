@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 
+from deploy.console.plain import plain
 from deploy.state.progress import parse_event
 
 # Severity, MMDD, time, thread id, file:line]  (absl's and glog's prefix)
@@ -37,7 +38,13 @@ def is_tensorflow_chatter(line: str) -> bool:
 def shown_line(line: str, raw: bool = False, events_as_text: bool = True,
                epochs_total: int | None = None) -> str | None:
     """What the console prints for one log line: the line itself, a readable form of an epoch
-    event (when `events_as_text`), or None to print nothing. `raw` shows every line as it is."""
+    event (when `events_as_text`), or None to print nothing. `raw` shows every line as it is
+    written, but like every other, as plain text (plain.py)."""
+    shown = _chosen(line, raw, events_as_text, epochs_total)
+    return None if shown is None else plain(shown)
+
+
+def _chosen(line: str, raw: bool, events_as_text: bool, epochs_total: int | None) -> str | None:
     if raw:
         return line
     event = parse_event(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from deploy.console.plain import plain
 from deploy.plan.setup import SetupPlan
 from deploy.state.setup import HostProgress
 
@@ -21,7 +22,7 @@ def progress_table(progress: dict[str, HostProgress]) -> Table:
         table.add_column(column, overflow="ellipsis", no_wrap=column == "now")
     for p in progress.values():
         table.add_row(p.name, Text(p.state, style=STATE_STYLES.get(p.state, "")),
-                      f"{p.seconds():.0f}", Text(p.line[-100:]))
+                      f"{p.seconds():.0f}", Text(plain(p.line[-100:])))
     return table
 
 
@@ -33,5 +34,6 @@ def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
         p = progress[hp.host.name]
         versions = (p.result or {}).get("versions") or {}
         table.add_row(p.name, hp.env_dir, Text(p.state, style=STATE_STYLES.get(p.state, "")),
-                      f"{p.seconds():.1f}", *(versions.get(c) or "-" for c in VERSION_COLUMNS))
+                      f"{p.seconds():.1f}",
+                      *(Text(plain(str(versions.get(c) or "-"))) for c in VERSION_COLUMNS))
     return table

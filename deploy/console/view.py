@@ -12,6 +12,7 @@ from rich.text import Text
 
 from deploy.console.flood import SAMPLE_LINES, LineBudget, Skipped, skipped_text
 from deploy.console.lines import number, shown_line
+from deploy.console.plain import plain
 from deploy.state.progress import NewLines, TaskProgress, losses_agree
 from deploy.state.record import RunRecord, RunState
 
@@ -21,9 +22,10 @@ STATE_STYLES = {"pending": "dim", "running": "yellow", "exited": "green", "lost"
 
 
 def say(console: Console, message: str, style: str = "", soft_wrap: bool = False) -> None:
-    """Print a message that may contain brackets (addresses, lists) without rich markup;
-    `soft_wrap` leaves long lines to the terminal (paths stay whole for copying)."""
-    console.print(Text(message, style=style), soft_wrap=soft_wrap)
+    """Print a message that may contain brackets (addresses, lists) or a host's words as plain
+    text (plain.py); `soft_wrap` leaves long lines to the terminal (paths stay whole for
+    copying)."""
+    console.print(Text(plain(message), style=style), soft_wrap=soft_wrap)
 
 
 def task_style(index: int) -> str:
@@ -76,14 +78,19 @@ def duration_text(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def epoch_of(task: TaskProgress) -> str:
+def epoch_of(task: TaskProgress) -> Text:
+    """The epoch the payload last reported (of its total), as plain text: it is the
+    payload's value, whatever it holds."""
     if task.epoch is None:
-        return ""
-    return f"{task.epoch}/{task.epochs_total}" if task.epochs_total else str(task.epoch)
+        return Text("")
+    return Text(plain(f"{task.epoch}/{task.epochs_total}" if task.epochs_total
+                      else str(task.epoch)))
 
 
-def metrics_text(task: TaskProgress) -> str:
-    return "  ".join(f"{k} {number(v)}" for k, v in task.metrics.items() if k != "loss")
+def metrics_text(task: TaskProgress) -> Text:
+    """The last metrics but the loss, named as the payload names them (plain text)."""
+    return Text(plain("  ".join(f"{k} {number(v)}" for k, v in task.metrics.items()
+                                if k != "loss")))
 
 
 def status_table(tasks: list[TaskProgress], title: str) -> Table:
@@ -95,7 +102,7 @@ def status_table(tasks: list[TaskProgress], title: str) -> Table:
     for t in tasks:
         speed = t.steps_per_second
         table.add_row(Text(t.name, style=task_style(t.index)), t.host,
-                      str(t.pid or ""), state_text(t), epoch_of(t),
+                      Text(plain(str(t.pid or ""))), state_text(t), epoch_of(t),
                       "" if t.loss is None else number(t.loss), metrics_text(t),
                       "" if speed is None else f"{speed:.1f}",
                       duration_text(t.eta_seconds) if t.state == "running" else "",
@@ -205,7 +212,9 @@ def failure_panel(task: TaskProgress, reason: str, raw: bool = False) -> Panel:
     tail = [shown for line in task.tail
             if (shown := shown_line(line, raw, events_as_text=False)) is not None]
     body = Text("\n".join(tail[-20:]) or "(no output)")
-    return Panel(body, title=f"{task.name} on {task.host}: {reason} — last log lines",
+    # A title given as a string would be read as markup.
+    return Panel(body, title=Text(plain(f"{task.name} on {task.host}: {reason} — last log "
+                                        "lines")),
                  border_style="red", title_align="left")
 
 

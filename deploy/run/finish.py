@@ -4,15 +4,18 @@ and `inv down`.
 """
 from __future__ import annotations
 
+import shlex
 import time
-
 from pathlib import Path
 
 from rich.console import Console
 
 from deploy.console.plot import plot_losses
 from deploy.console.view import say, summary_table
-from deploy.run.run import EXIT_INTERRUPTED, Run, ignore_sigint
+from deploy.run.run import Run
+from deploy.run.signals import (
+    EXIT_INTERRUPTED, EXIT_TERMINATED, Abandoned, Terminated, tearing_down
+)
 from deploy.state import lifetime, localdir
 from deploy.state.progress import TaskProgress, losses_agree
 from deploy.state.record import RecordError, RunState, load_record, write_json
@@ -22,33 +25,39 @@ class Finish:
     """How a run ends: which end-of-run steps run, in order."""
     DONE = "done"                # the tasks ended: fetch artifacts, clean up
     INTERRUPTED = "interrupted"  # Ctrl-C: stop, read the last log bytes, clean up
+    TERMINATED = "terminated"    # SIGTERM: as Ctrl-C, with its own exit status
     DOWN = "down"                # `inv down`: fetch artifacts, stop, read the rest, clean up
+    STOPPED = (INTERRUPTED, TERMINATED)
+
+    @staticmethod
+    def by(interrupt: KeyboardInterrupt) -> str:
+        """How a run stopped by `interrupt` (Ctrl-C or SIGTERM) ends."""
+        return Finish.TERMINATED if isinstance(interrupt, Terminated) else Finish.INTERRUPTED
 
 
 def finish(run: Run, how: str) -> int:
     """Fetch what the run made, tear it down everywhere, write the summary and the record.
-    Runs on every exit path once anything was started, including Ctrl-C and errors."""
+    Runs on every exit path once anything was started, including Ctrl-C and errors. A second
+    interrupt abandons the teardown (abandon())."""
     plan, session, console, local_dir = run.plan, run.session, run.console, run.dir
     problems: list[str] = list(run.problems)
     artifacts = 0
-    # A second Ctrl-C must not cut teardown short and leave tasks behind; every remote step
-    # here has its own timeout, so ignoring it cannot hang the controller forever.
-    restore = ignore_sigint()
     try:
-        with console.status("stopping tasks and fetching results…"):
+        with tearing_down(), console.status("stopping tasks and fetching results…"):
             if how in (Finish.DONE, Finish.DOWN):
                 try:
                     artifacts = session.fetch_output(plan, local_dir / localdir.ARTIFACTS)
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
-            if how == Finish.DOWN or (how == Finish.INTERRUPTED and not run.stopped_clean):
+            if how == Finish.DOWN or (how in Finish.STOPPED and not run.stopped_clean):
                 problems += session.stop(plan).values()
                 if run.writes_logs:
                     _drain_logs(run)
             problems += session.cleanup(plan).values()
+    except Abandoned as abandoned:
+        return abandon(run, abandoned)
     finally:
         run.close()
-        restore()
     code = _exit_code(run, how, problems)
     wall_time = _wall_time(local_dir)
     console.print(summary_table(run.tasks, wall_time))
@@ -57,7 +66,7 @@ def finish(run: Run, how: str) -> int:
     write_json(local_dir / localdir.SUMMARY,
                _summary(run, artifacts, problems, code, how, wall_time, plot, tensorboard))
     state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
-             Finish.DOWN: RunState.DOWN}[how]
+             Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
         run.set_state(state, exit_code=code, ended=time.time())
     for problem in problems:
@@ -75,6 +84,26 @@ def finish(run: Run, how: str) -> int:
     if tensorboard:
         say(console, f"TensorBoard: tensorboard --logdir {tensorboard}", soft_wrap=True)
     return code
+
+
+def abandon(run: Run, abandoned: Abandoned) -> int:
+    """A second interrupt during teardown: leave at once, saying what may be left where and
+    how to finish the job. The record stays active, without a controller, for `inv down`."""
+    run.close()
+    run.set_state(load_record(run.dir).state, controller_pid=None)
+    busy = [hp.host.name for hp in run.plan.hosts
+            if any(not t.finished for t in run.tasks if t.host == hp.host.name)]
+    left = (f"tasks may still run on {', '.join(busy)}" if busy else
+            "no task is known to run, but run directories may be left")
+    say(run.console, f"teardown abandoned: {left}. Finish it with:", "bold red")
+    say(run.console, f"  inv down --run {run.plan.run_id}{runs_dir_flag(run.dir.parent)}",
+        soft_wrap=True)
+    return abandoned.exit_code
+
+
+def runs_dir_flag(runs_dir: Path) -> str:
+    """` --runs-dir DIR` for a command line to copy, or nothing for the default runs/."""
+    return "" if runs_dir == Path("runs") else f" --runs-dir {shlex.quote(str(runs_dir))}"
 
 
 def draw_loss_plot(tasks: list[TaskProgress], local_dir: Path, run_id: str,
@@ -107,6 +136,8 @@ def _drain_logs(run: Run) -> None:
 def _exit_code(run: Run, how: str, problems: list[str]) -> int:
     if how == Finish.INTERRUPTED:
         return EXIT_INTERRUPTED
+    if how == Finish.TERMINATED:
+        return EXIT_TERMINATED
     if how == Finish.DOWN:
         return 1 if problems else 0
     if problems or run.failure:
@@ -122,7 +153,7 @@ def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str,
         "wall_time_s": None if wall_time is None else round(wall_time, 3),
         "loss_plot": None if plot is None else str(plot),
         "tensorboard": None if tensorboard is None else str(tensorboard),
-        "interrupted": how == Finish.INTERRUPTED,
+        "interrupted": how in Finish.STOPPED,
         "ended_by": how,
         "attempts": run.attempt,
         "failed_attempts": run.attempts,

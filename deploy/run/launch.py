@@ -22,10 +22,12 @@ from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
 from deploy.run.check import check_before_run
-from deploy.run.finish import Finish, finish
+from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
+from deploy.run.lostport import NewPorts
 from deploy.run.preflight import refuse_bad_input
 from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings
+from deploy.run.signals import Abandoned, HungUp
 from deploy.run.watch import follow_to_end
 from deploy.ssh.session import Session
 from deploy.state import localdir
@@ -73,7 +75,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     lock = FollowLock(local_dir)
     lock.acquire()
     how = Finish.DONE
-    detached = False
+    detached = launched = False
+    abandoned = None
     try:
         write_json(local_dir / localdir.PUSH, payload.send(session, skeleton, console))
         if any(hp.data_dir for hp in skeleton.hosts):
@@ -87,6 +90,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
                                              restarts=settings.restarts))
         with console.status(f"starting {count} task(s)…"):
             session.launch(run.plan)
+        launched = True
         console.print(f"started {count} task(s) in {time.time() - started:.1f} s; "
                       "cluster " + ", ".join(t.endpoint for t in run.plan.tasks), highlight=False)
         if settings.detach and _all_running(run):
@@ -94,13 +98,25 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
             return _detach(run, settings)
         run.set_state(RunState.RUNNING, controller_pid=os.getpid())
         restarter = Restarter(inventory, options, settings.restarts) if settings.restarts else None
-        follow_to_end(run, settings, restarter)
-    except KeyboardInterrupt:
-        how = Finish.INTERRUPTED
-        say(console, "interrupted: stopping every task of the run…", "yellow")
+        follow_to_end(run, settings, restarter, NewPorts(inventory, options, settings.restarts))
+    except KeyboardInterrupt as interrupt:
+        how = Finish.by(interrupt)
+        say(console, f"{'terminated' if how == Finish.TERMINATED else 'interrupted'}: "
+                     "stopping every task of the run…", "yellow")
+    except HungUp as hangup:
+        if launched:
+            # The terminal is gone, the run is not: it goes on for `inv logs --follow`.
+            detached = True
+            _detach(run, settings, "the terminal closed: ")
+            return hangup.exit_code
+        how = Finish.INTERRUPTED     # nothing was started: nothing to go on
+    except Abandoned as exc:         # a second Ctrl-C while the tasks were being stopped
+        abandoned = exc
     finally:
         try:
-            if not detached:
+            if abandoned is not None:
+                code = abandon(run, abandoned)
+            elif not detached:
                 code = finish(run, how)
         finally:
             lock.release()
@@ -115,12 +131,11 @@ def _all_running(run: Run) -> bool:
                               for t in run.plan.tasks)
 
 
-def _detach(run: Run, settings: RunSettings) -> int:
+def _detach(run: Run, settings: RunSettings, why: str = "") -> int:
     run.set_state(RunState.DETACHED, controller_pid=None)
     run.close()
-    rid, runs = run.plan.run_id, settings.runs_dir
-    flag = "" if runs == Path("runs") else f" --runs-dir {runs}"
-    run.console.print(f"run [bold]{rid}[/] is running detached on "
+    rid, flag = run.plan.run_id, runs_dir_flag(settings.runs_dir)
+    run.console.print(f"{why}run [bold]{rid}[/] is running detached on "
                       f"{len(run.plan.hosts)} host(s); nothing was torn down.", highlight=False)
     say(run.console, f"  follow it:  inv logs --run {rid} --follow{flag}\n"
                      f"  its state:  inv status --run {rid}{flag}\n"

@@ -15,8 +15,9 @@ from rich.console import Console
 from deploy.console.view import runs_table, say, status_table
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
-from deploy.run.finish import Finish, draw_loss_plot, finish
-from deploy.run.run import EXIT_INTERRUPTED, Run, RunSettings, load_local_logs
+from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
+from deploy.run.run import Run, RunSettings, load_local_logs
+from deploy.run.signals import HungUp, exit_code
 from deploy.run.watch import follow_to_end
 from deploy.ssh.session import Session
 from deploy.state import localdir
@@ -113,13 +114,15 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
             run.attempt = record.attempt
             run.interrupt_stops = False
             follow_to_end(run, settings)
-        except KeyboardInterrupt:
-            # Ctrl-C here stops following, not the run: it was left running on purpose.
+        except (KeyboardInterrupt, HungUp) as interrupt:
+            # Ctrl-C, SIGTERM or a closed terminal here stop following, not the run: it was
+            # left running on purpose.
             run.close()
             run.set_state(RunState.DETACHED, controller_pid=None)
-            say(console, f"stopped following; run {record.run_id} goes on. "
-                         f"Stop it with: inv down --run {record.run_id}", "yellow")
-            return EXIT_INTERRUPTED
+            say(console, f"stopped following; run {record.run_id} goes on. Stop it with: "
+                         f"inv down --run {record.run_id}{runs_dir_flag(local_dir.parent)}",
+                "yellow")
+            return exit_code(interrupt)
         return finish(run, how)
     finally:
         lock.release()

@@ -61,24 +61,38 @@ class Restarter:
         run.attempts.append({"attempt": run.attempt, "failed_task": task.name, "reason": reason,
                              "ended": time.time()})
         run.attempt += 1
-        console, session = run.console, run.session
+        console = run.console
         say(console, f"restart {run.attempt - 1} of {self.limit}: {task.name} failed ({reason}); "
                      "stopping the cluster, carrying the chief's backup, relaunching…", "yellow")
-        with console.status("stopping every task of the failed attempt…"):
-            problems = list(session.stop(run.plan).values())
-        if problems:
-            run.problems += problems    # may_restart says no; the run ends with them shown
-            return
-        with console.status("carrying the chief's backup to every host…"):
-            size = session.carry_backup(run.plan)
-            ports = session.free_ports(run.plan)
-        run.plan = plan_run(self.inventory, self.options, run.plan.run_id, ports)
-        write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),
-                                                  attempt=run.attempt, restarts=self.limit))
-        for t in run.tasks:
-            t.new_attempt()
-        run.failure = None
-        with console.status(f"starting attempt {run.attempt}…"):
-            session.launch(run.plan, attempt=run.attempt)
-        say(console, f"attempt {run.attempt} started (backup of {size / 1024:.0f} KiB carried); "
-                     "cluster " + ", ".join(t.endpoint for t in run.plan.tasks), "yellow")
+        size = relaunch(run, self.inventory, self.options, self.limit, carry_backup=True)
+        if size is not None:
+            say(console, f"attempt {run.attempt} started (backup of {size / 1024:.0f} KiB "
+                         "carried); cluster " + ", ".join(t.endpoint for t in run.plan.tasks),
+                "yellow")
+
+
+def relaunch(run, inventory: Inventory, options: Options, restarts: int,
+             carry_backup: bool) -> int | None:
+    """Stop every task of the attempt that failed, choose fresh ports and start attempt
+    `run.attempt` of every task (with the chief's backup carried to every host first, when
+    `carry_backup`). The size of the backup carried; None when the failed attempt could not be
+    stopped everywhere (its problems are the run's: it ends with them)."""
+    console, session = run.console, run.session
+    with console.status("stopping every task of the failed attempt…"):
+        problems = list(session.stop(run.plan).values())
+    if problems:
+        run.problems += problems    # no relaunch beside them; the run ends with them shown
+        return None
+    with console.status("carrying the chief's backup to every host…" if carry_backup
+                        else "choosing new ports…"):
+        size = session.carry_backup(run.plan) if carry_backup else 0
+        ports = session.free_ports(run.plan)
+    run.plan = plan_run(inventory, options, run.plan.run_id, ports)
+    write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),
+                                              attempt=run.attempt, restarts=restarts))
+    for t in run.tasks:
+        t.new_attempt()
+    run.failure = None
+    with console.status(f"starting attempt {run.attempt}…"):
+        session.launch(run.plan, attempt=run.attempt)
+    return size

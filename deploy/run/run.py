@@ -5,8 +5,6 @@ stopping.py stops its tasks, restarts.py relaunches it, finish.py tears it down.
 """
 from __future__ import annotations
 
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,7 +18,6 @@ from deploy.state import localdir
 from deploy.state.progress import NewLines, TaskProgress
 from deploy.state.record import RunState, update_record
 
-EXIT_INTERRUPTED = 130
 READ_PIECE = 1 << 20
 
 
@@ -125,10 +122,3 @@ def load_local_logs(run: Run, shown: Callable[[TaskProgress, NewLines], None] | 
                 if shown:
                     shown(task, new)
 
-
-def ignore_sigint():
-    """Ignore Ctrl-C (in the main thread) until the returned function restores it."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return lambda: signal.signal(signal.SIGINT, previous)

@@ -10,7 +10,8 @@ import time
 
 from deploy.console.view import LiveView, failure_panel, say
 from deploy.run.follow import Event, Followers
-from deploy.run.run import Run, RunSettings, ignore_sigint
+from deploy.run.run import Run, RunSettings
+from deploy.run.signals import tearing_down
 from deploy.run.stopping import Stopper
 from deploy.ssh.session import StepFailed
 from deploy.state import lifetime
@@ -54,12 +55,10 @@ class Watch:
                     view.refresh()
         except KeyboardInterrupt:
             if run.interrupt_stops:
-                restore = ignore_sigint()
-                try:
+                # Teardown begins here: a second interrupt abandons it (signals.py).
+                with tearing_down():
                     self.stopper.stop()
                     self.stopper.wait_for_answers(lambda event: self.take(event, None))
-                finally:
-                    restore()
             raise
         finally:
             self.followers.close()
@@ -188,12 +187,16 @@ class Watch:
             self.stopper.stop()
 
 
-def follow_to_end(run: Run, settings: RunSettings, restarter=None) -> None:
-    """Watch the run until every task has ended; on a failure, relaunch while `restarter`
-    allows (--restarts)."""
+def follow_to_end(run: Run, settings: RunSettings, restarter=None, new_ports=None) -> None:
+    """Watch the run until every task has ended; on a failure, relaunch on new ports once when
+    a task lost its port (`new_ports`, lostport.py), or while `restarter` allows (--restarts)."""
     while True:
         Watch(run, settings.start_timeout, restarter, settings.lost_after).follow()
-        if run.failure is None or restarter is None:
+        if run.failure is None:
+            return
+        if new_ports is not None and new_ports.relaunched(run):
+            continue
+        if restarter is None:
             return
         if run.plan.has_roles:
             say(run.console, "not restarting the cluster: in a parameter-server cluster "

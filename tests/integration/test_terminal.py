@@ -33,6 +33,13 @@ CPP_ANYWHERE = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]")
 def run_on_terminal(args: list[str], timeout: float = 300) -> tuple[int, str]:
     """Run `python -m invoke ARGS` on a new pseudo-terminal of 150x45; its exit status and
     every byte it wrote to the terminal, escape sequences removed."""
+    code, out = terminal_bytes(args, timeout)
+    return code, ANSI.sub("", out.decode("utf-8", "replace"))
+
+
+def terminal_bytes(args: list[str], timeout: float = 300) -> tuple[int, bytes]:
+    """Run `python -m invoke ARGS` on a new pseudo-terminal of 150x45; its exit status and
+    every byte it wrote to the terminal."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 45, 150, 0, 0))
     env = {k: v for k, v in os.environ.items()
@@ -63,7 +70,7 @@ def run_on_terminal(args: list[str], timeout: float = 300) -> tuple[int, str]:
             os.killpg(proc.pid, 9)
             proc.wait()
         os.close(master)
-    return code, ANSI.sub("", out.decode("utf-8", "replace"))
+    return code, bytes(out)
 
 
 def test_a_terminal_shows_the_table_and_the_summary_but_no_tensorflow_chatter(tmp_path):
@@ -103,3 +110,46 @@ def test_a_terminal_shows_the_table_and_the_summary_but_no_tensorflow_chatter(tm
     assert code == 0 and imread(run_dir / "loss.png").shape[1] >= 200, screen
     code, screen = run_on_terminal(["logs", "--runs-dir", str(runs)])
     assert code == 0 and '"event": "epoch"' in screen, screen
+
+
+# A payload that prints what a terminal would obey: a window title (OSC ... BEL), a clipboard
+# write (OSC 52), clear screen and cursor moves (CSI), a C1 CSI, a bell, and rich markup that
+# would close a style never opened; then a progress bar redrawn with CR.
+NASTY = """\
+import sys
+out = sys.stdout.buffer
+out.write(b"\\x1b]0;pwned\\x07title\\n")
+out.write(b"\\x1b]52;c;ZXZpbA==\\x07clipboard\\n")
+out.write(b"\\x1b[2J\\x1b[Hcleared\\x07\\n")
+out.write("\\u009b31mC1\\n".encode())
+out.write(b"[/bold] closes nothing [red]nor this[/red]\\n")
+out.write(b"progress 10%\\rprogress 50%\\rprogress 100%\\n")
+out.flush()
+"""
+
+
+def test_a_payloads_escape_sequences_and_markup_reach_the_terminal_as_plain_text(
+        ssh_lab, tmp_path):
+    inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", ssh_lab.hosts[:1])
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "train.py").write_text(NASTY)
+    runs = tmp_path / "runs"
+    code, out = terminal_bytes(["train", "--hosts", str(inventory), "--runs-dir", str(runs),
+                                "--payload", str(payload), "--no-check", "--start-timeout",
+                                "0"])
+    screen = out.decode("utf-8", "replace")
+    assert code == 0, screen
+    # None of the payload's sequences reached the terminal (rich's own are CSI ... m/K/A etc.)
+    for sequence in ("\x1b]", "\x07", "\x1b[2J", "\x1b[H", "\x9b"):
+        assert sequence not in screen, (sequence, screen)
+    # Shown instead as what they are, and the markup as written.
+    for shown in (r"\x1b]0;pwned\x07title", r"\x1b]52;c;ZXZpbA==\x07clipboard",
+                  r"\x1b[2J\x1b[Hcleared\x07", r"\x9b31mC1",
+                  "[/bold] closes nothing [red]nor this[/red]", "] progress 100%"):
+        assert shown in screen, (shown, screen)
+    assert "progress 10%" not in screen
+    # The local log keeps every byte as the payload wrote it.
+    log = (next(p for p in runs.iterdir() if p.is_dir()) / "worker-0.log").read_bytes()
+    assert b"\x1b]0;pwned\x07title\n" in log and b"\x1b[2J\x1b[Hcleared\x07" in log
+    assert "\u009b31mC1".encode() in log and b"10%\rprogress 50%\rprogress 100%\n" in log

@@ -1,0 +1,153 @@
+"""The controller's signal policy, in one place (docs/design.md, "Signals to the controller").
+
+- SIGINT (Ctrl-C) raises KeyboardInterrupt, as Python does: `inv train` stops the run
+  everywhere (exit 130), `inv logs --follow` stops following only.
+- SIGTERM (`kill`, a batch system's time limit, a closing IDE) raises Terminated, a
+  KeyboardInterrupt: every command treats it as its Ctrl-C, and exits 143 (128 + 15).
+- SIGHUP (the terminal closed) raises HungUp: a run being followed is let go, left running
+  and reattachable with `inv logs --run ID --follow`; the controller exits 129 (128 + 1).
+  Its terminal is gone, so from then on its output goes to /dev/null; a write that meets the
+  hung-up terminal before the signal does is dropped the same way (HangupProof).
+- While a run is torn down (tearing_down()): a second Ctrl-C or SIGTERM abandons the
+  teardown (Abandoned) and the controller exits at once, naming what may be left and the
+  `inv down` that finishes the job; SIGHUP only silences the output, as nobody would be left
+  to finish the teardown.
+
+A signal the controller inherited as ignored (a background job's SIGINT, `nohup`'s SIGHUP)
+stays ignored: whoever started it so chose.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import sys
+import threading
+from contextlib import contextmanager
+
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_HUNG_UP = 128 + signal.SIGHUP
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: handled wherever Ctrl-C is, with its own exit status."""
+    exit_code = EXIT_TERMINATED
+
+
+class HungUp(BaseException):
+    """SIGHUP: the terminal is gone. Not an error and not an interrupt: a followed run is
+    let go instead of stopped."""
+    exit_code = EXIT_HUNG_UP
+
+
+class Abandoned(BaseException):
+    """A second interrupt while tearing down: the controller leaves without waiting."""
+
+    def __init__(self, interrupt: KeyboardInterrupt):
+        super().__init__()
+        self.exit_code = exit_code(interrupt)
+
+
+def exit_code(interrupt: BaseException) -> int:
+    """The exit status of a controller ended by `interrupt`."""
+    return getattr(interrupt, "exit_code", EXIT_INTERRUPTED)
+
+
+_tearing_down = False
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def _hung_up(signum, frame):
+    silence_terminal()
+    if not _tearing_down:
+        raise HungUp()
+
+
+def silence_terminal() -> None:
+    """Point stdout and stderr at /dev/null where they are terminals: a hung-up terminal
+    fails every write (EIO), and a failed write must not end a teardown or a let-go. Output
+    going to a file or pipe still goes there. A hung-up terminal is no longer a tty to
+    isatty() (its ioctls fail too): a character device is taken for one."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if _character_device(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _character_device(fd: int) -> bool:
+    try:
+        return stat.S_ISCHR(os.fstat(fd).st_mode)
+    except OSError:         # closed
+        return False
+
+
+class HangupProof:
+    """sys.stdout or sys.stderr, where a write that fails because the terminal hung up (EIO)
+    silences the terminal and is dropped: a closed terminal is not a failure of the run, and
+    the SIGHUP that comes with it decides what happens (the kernel fails the terminal's
+    writes before it signals, and Python runs the handler later still)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._survive(lambda: self.stream.write(text), len(text))
+
+    def flush(self) -> None:
+        self._survive(self.stream.flush, None)
+
+    def _survive(self, call, dropped):
+        try:
+            return call()
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            silence_terminal()
+            return dropped
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def controller_signals():
+    """SIGTERM and SIGHUP as exceptions in the main thread, and stdout and stderr that outlive
+    their terminal, for the duration of a command."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum, handler in ((signal.SIGTERM, _terminated), (signal.SIGHUP, _hung_up)):
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, handler)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = HangupProof(sys.stdout), HangupProof(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = streams
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def tearing_down():
+    """Teardown: an interrupt (a second Ctrl-C, SIGTERM) abandons it as Abandoned; SIGHUP
+    lets it go on."""
+    global _tearing_down
+    outer = _tearing_down
+    _tearing_down = True
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        raise Abandoned(interrupt) from None
+    finally:
+        _tearing_down = outer

@@ -1,0 +1,211 @@
+"""Signals to the controller (deploy/run/signals.py) over real sshd servers on loopback:
+SIGTERM stops the run as Ctrl-C does, a closed terminal (SIGHUP) leaves it going for `inv logs
+--follow`, a second Ctrl-C abandons the teardown and names the `inv down` that finishes it.
+The payload is a small script that prints epoch events (TensorFlow is not the point here), so
+every test takes seconds."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_runs import epoch_lines, inv, kill_by_records, record
+from test_train import REPO, assert_nothing_left, wait_for_first_epoch
+
+from procs import default_signals, processes_of_run, wait_until_gone
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = """\
+import json, os, signal, sys, time
+epochs, pause = int(sys.argv[1]), float(sys.argv[2])
+task = int(os.environ["TFDEPLOY_TASK_INDEX"])
+if "--ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, lambda *_: print("got TERM, ignoring it", flush=True))
+print(json.dumps({"event": "start", "task": task, "epochs": epochs}), flush=True)
+for epoch in range(1, epochs + 1):
+    time.sleep(pause)
+    print(json.dumps({"event": "epoch", "task": task, "epoch": epoch, "loss": 1 / epoch}),
+          flush=True)
+print("training finished", flush=True)
+"""
+
+
+@pytest.fixture
+def lab(ssh_lab, tmp_path):
+    hosts = ssh_lab.hosts[:2]
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "train.py").write_text(EPOCHS)
+    return ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts), hosts, payload
+
+
+def train_command(inventory: Path, runs: Path, payload: Path, args: str, *extra: str):
+    # --no-check: the payload is not TensorFlow; --start-timeout 0: it has no first step.
+    return [sys.executable, "-m", "invoke", "train", "--hosts", str(inventory), "--runs-dir",
+            str(runs), "--payload", str(payload), "--args", args, "--no-check",
+            "--start-timeout", "0", *extra]
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        assert proc.poll() is None, "the controller exited"
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never showed {text!r}")
+
+
+def test_sigterm_stops_every_task_and_exits_143_without_a_traceback(lab, tmp_path):
+    inventory, hosts, payload = lab
+    runs = tmp_path / "runs"
+    controller = subprocess.Popen(train_command(inventory, runs, payload, "200 0.2"), cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  preexec_fn=default_signals)
+    run_id = None
+    try:
+        run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
+        assert len(processes_of_run(run_id)) >= 4, "two tasks and their supervisors run"
+        controller.send_signal(signal.SIGTERM)
+        left = wait_until_gone(run_id, timeout=5)
+        out = controller.communicate(timeout=60)[0]
+        assert left == [], "every task is gone within 5 s of the SIGTERM"
+        assert controller.returncode == 143, out
+        assert "Traceback" not in out and "terminated: stopping every task" in out, out
+        assert record(runs, run_id)["state"] == "interrupted"
+        summary = json.loads((runs / run_id / "summary.json").read_text())
+        assert summary["ended_by"] == "terminated" and summary["exit_code"] == 143
+        assert_nothing_left(runs / run_id, hosts)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+        if run_id:
+            kill_by_records(run_id, hosts)
+
+
+def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
+    """`inv train` on a terminal that goes away: the terminal is hung up and the controller's
+    process group gets SIGHUP, as when a terminal window or an SSH session closes."""
+    inventory, hosts, payload = lab
+    runs = tmp_path / "runs"
+    master, slave = pty.openpty()
+    controller = subprocess.Popen(train_command(inventory, runs, payload, "50 0.3"), cwd=REPO,
+                                  stdin=slave, stdout=slave, stderr=slave,
+                                  start_new_session=True, preexec_fn=default_signals)
+    os.close(slave)
+    run_id = None
+    try:
+        run_id = wait_for_first_epoch_on(master, runs, controller)
+        os.close(master)                             # the terminal is gone...
+        master = None
+        # ...the controller's writes meet it first (its live table redraws 4 times a second)...
+        time.sleep(1)
+        os.killpg(controller.pid, signal.SIGHUP)     # ...then its processes are told
+        assert controller.wait(timeout=60) == 129
+        assert record(runs, run_id)["state"] == "detached"
+        assert len(processes_of_run(run_id)) >= 4, "training goes on without a controller"
+        # SIGTERM to a follower stops the following only, as its Ctrl-C does.
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir", str(runs),
+             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=default_signals)
+        try:
+            wait_for_follower(runs, run_id, follower)
+            follower.send_signal(signal.SIGTERM)
+            out = follower.communicate(timeout=60)[0]
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+        assert follower.returncode == 143 and "goes on" in out and "Traceback" not in out, out
+        assert record(runs, run_id)["state"] == "detached"
+        assert len(processes_of_run(run_id)) >= 4
+        done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "training finished" in done.stdout and "epoch 50/50" in done.stdout
+        assert "teardown: no process of run" in done.stdout
+        for i in range(2):
+            assert epoch_lines(runs / run_id / f"worker-{i}.log") == list(range(1, 51))
+        assert record(runs, run_id)["state"] == "finished"
+        assert_nothing_left(runs / run_id, hosts)
+    finally:
+        if master is not None:
+            os.close(master)
+        if controller.poll() is None:
+            os.killpg(controller.pid, signal.SIGKILL)
+            controller.wait()
+        if run_id:
+            kill_by_records(run_id, hosts)
+
+
+def wait_for_follower(runs: Path, run_id: str, follower: subprocess.Popen,
+                      timeout: float = 60) -> None:
+    """Until `follower` has taken the run over (its pid in the record)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if record(runs, run_id).get("controller_pid") == follower.pid:
+            return
+        assert follower.poll() is None, follower.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError("the follower never took the run over")
+
+
+def wait_for_first_epoch_on(master: int, runs: Path, controller: subprocess.Popen,
+                            timeout: float = 120) -> str:
+    """The run id once its first epoch reached the controller, reading the terminal all the
+    while (a terminal nobody reads blocks its writer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                os.read(master, 65536)
+            except OSError:
+                pass
+        logs = list(runs.glob("*/worker-1.log")) if runs.exists() else []
+        if logs and '"event": "epoch"' in logs[0].read_text():
+            return logs[0].parent.name
+        assert controller.poll() is None, "the controller exited"
+    raise AssertionError("training never reached its first epoch")
+
+
+def test_a_second_ctrl_c_abandons_the_teardown_and_names_inv_down(lab, tmp_path):
+    """Tasks that ignore SIGTERM hold the stop for the whole grace; a second Ctrl-C then
+    leaves at once, and `inv down` finishes the job."""
+    inventory, hosts, payload = lab
+    runs = tmp_path / "runs"
+    controller = subprocess.Popen(
+        train_command(inventory, runs, payload, "200 0.2 --ignore-term", "--grace", "5"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_signals)
+    run_id = None
+    try:
+        run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
+        controller.send_signal(signal.SIGINT)
+        # The stop reached the tasks (they say so in their logs): the teardown waits.
+        wait_for_text(runs / run_id / "worker-0.log", "got TERM", controller)
+        controller.send_signal(signal.SIGINT)
+        out = controller.communicate(timeout=60)[0]
+        assert controller.returncode == 130, out
+        assert "Traceback" not in out, out
+        assert "teardown abandoned: tasks may still run on h1, h2" in out, out
+        assert f"inv down --run {run_id} --runs-dir {runs}" in out, out
+        assert record(runs, run_id)["state"] == "running"
+        assert "no controller" in inv("runs", "--runs-dir", str(runs)).stdout
+        down = inv("down", "--run", run_id, "--runs-dir", str(runs))
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert_nothing_left(runs / run_id, hosts)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+        if run_id:
+            kill_by_records(run_id, hosts)
