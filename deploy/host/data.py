@@ -113,5 +113,5 @@ def main(argv):
         else:
             raise SystemExit("unknown verb %r" % verb)
     except (cache_files.CacheError, OSError, ValueError, KeyError) as exc:
-        raise SystemExit("data %s: %s" % (verb, exc))
+        raise SystemExit(cache_files.failure("data", verb, exc, cache))
     return out

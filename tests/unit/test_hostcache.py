@@ -181,3 +181,29 @@ def test_the_stream_from_sshd_is_read_through_a_wider_pipe():
         hostcache._widen(io.BytesIO(b""))                # not a pipe: nothing to do
     finally:
         os.close(write)
+
+
+def test_a_push_answer_says_how_much_room_the_cache_has(tmp_path, payload):
+    rundir, wanted, _ = push(tmp_path, payload, "r1")
+    assert wanted["disk_path"] == str(tmp_path / "work") and wanted["disk_free"] > 0
+
+
+def test_a_disk_that_fills_during_a_receipt_is_named_and_leaves_no_partial_file(tmp_path):
+    """A real full disk (a 1 MiB tmpfs) under a 2 MiB file: the error names the host's disk
+    and the directory, not errno 28; nothing half-written stays in the cache."""
+    from tmpfs import tmpfs
+    big = tmp_path / "payload"
+    big.mkdir()
+    (big / "train.py").write_bytes(os.urandom(2 << 20))
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        rundir, files = new_run(disk, big, "r1")
+        cache = disk / "work" / "cache"
+        stream = b"".join(FileStream(big, files, {f.sha256 for f in files}))
+        # The push verb as a run sends it: its answer first, then the files on the same stdin.
+        done = subprocess.run([*hostpkg.command(rundir), "push", str(rundir), str(cache),
+                               "h3", "0"], input=stream, capture_output=True, text=False)
+        assert done.returncode != 0
+        assert json.loads(done.stdout)["disk_free"] < 1 << 20
+        assert b"payload push: no space left on h3's disk in " + str(cache).encode() \
+            in done.stderr
+        assert os.listdir(cache / "files") == [] and os.listdir(cache / "tmp") == []
