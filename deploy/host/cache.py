@@ -115,8 +115,7 @@ def want(rundir, cache, member=None):
     if not missing:
         return dict(answer, missing=[], received=received, assembled=True,
                     files=assemble(rundir, cache, files))
-    # The room left: the controller sends nothing to a host without enough for `missing`.
-    return dict(answer, missing=missing, received=received, files=len(files), **room(cache))
+    return dict(answer, missing=missing, received=received, files=len(files))
 
 
 def room(cache):
@@ -302,9 +301,13 @@ def _link(source, dest):
 def push(rundir, cache, stdin, stdout, member=None):
     """`want`, answered at once as a line on `stdout`; then, unless payload/ was assembled
     already, `receive` of exactly the missing files from the same `stdin`: one command per
-    push (the stage was unpacked by the command's bootstrap, deploy/plan/planner.py)."""
+    push (the stage was unpacked by the command's bootstrap, deploy/plan/planner.py).
+
+    The answer also says the room left (`room`): the controller sends nothing to a host
+    without enough for what it lacks, and starts nothing on one without room for the run's
+    logs and output even when it lacks nothing."""
     answer = want(rundir, cache, member)
-    stdout.write(json.dumps(answer) + "\n")
+    stdout.write(json.dumps(dict(answer, **room(cache))) + "\n")
     stdout.flush()
     if answer.get("assembled"):
         return None

@@ -94,7 +94,7 @@ def receive(rundir, datadir, cache, stream):
 
 def push(rundir, datadir, cache, stdin, stdout):
     answer = want(rundir, datadir, cache)
-    stdout.write(json.dumps(answer) + "\n")
+    stdout.write(json.dumps(dict(answer, **cache_files.room(cache))) + "\n")   # as cache.push
     stdout.flush()
     if answer["present"] or answer.get("assembled"):
         return None

@@ -25,12 +25,13 @@ from deploy.plan.ports import ports_to_probe
 # workdir unpack the same files at once and one may be running the host package already), and
 # become the host package's push verb (`push` for the payload, `data-push` for data), which
 # answers what the cache lacks and then reads exactly that on the same stdin. Nothing beyond
-# the stage is on stdin before that answer, so nothing read ahead is lost by the exec. One
-# command per push: every command costs the host a login shell. `-S`: a push needs the
-# standard library only, and site-packages can take longer to set up than the push of an
-# unchanged payload.
+# the stage is on stdin before that answer, so nothing read ahead is lost by the exec. A stage
+# that cannot be written (a full disk) takes the run directory it created with it: teardown
+# runs the host package from there, so it could not remove it. One command per push: every
+# command costs the host a login shell. `-S`: a push needs the standard library only, and
+# site-packages can take longer to set up than the push of an unchanged payload.
 PUSH_BOOTSTRAP = inspect.getsource(unsafe_workdir) + """\
-import io,os,pwd,stat,sys,tarfile
+import errno,io,os,pwd,shutil,stat,sys,tarfile
 os.umask(0o77);d=sys.argv[2];i=sys.stdin.buffer.raw;n=int(i.readline());s=bytearray()
 while len(s)<n:
  c=i.read(n-len(s))
@@ -38,12 +39,16 @@ while len(s)<n:
  s+=c
 u=unsafe_workdir(os.path.dirname(os.path.dirname(d)))
 if u:raise SystemExit(u)
-t=tarfile.open(fileobj=io.BytesIO(s),mode="r:gz")
-for m in t.getmembers():
- if not m.isfile() or m.name.startswith("/") or ".." in m.name.split("/"):raise SystemExit("bad stage entry %%r"%%m.name)
- f=os.path.join(d,m.name);x="%%s.%%s"%%(f,os.urandom(6).hex());os.makedirs(os.path.dirname(f),exist_ok=True)
- with open(x,"wb") as o:o.write(t.extractfile(m).read())
- os.replace(x,f)
+t=tarfile.open(fileobj=io.BytesIO(s),mode="r:gz");new=not os.path.isdir(d)
+try:
+ for m in t.getmembers():
+  if not m.isfile() or m.name.startswith("/") or ".." in m.name.split("/"):raise SystemExit("bad stage entry %%r"%%m.name)
+  f=os.path.join(d,m.name);x="%%s.%%s"%%(f,os.urandom(6).hex());os.makedirs(os.path.dirname(f),exist_ok=True)
+  with open(x,"wb") as o:o.write(t.extractfile(m).read())
+  os.replace(x,f)
+except OSError as e:
+ if new:shutil.rmtree(d,True)
+ raise SystemExit("no space left on the host's disk in %%s"%%d if e.errno==errno.ENOSPC else "cannot unpack into %%s: %%s"%%(d,e))
 p=sys.executable;os.execv(p,[p,"-I","-S",d+"/%s"]+sys.argv[1:])""" % layout.HOST_ZIP
 
 

@@ -26,19 +26,22 @@ class NoRoom(Failure):
 def refuse_without_room(plans: Iterable[HostPlan], answers: Mapping[str, dict],
                         sizes: Mapping[str, int], what: str) -> None:
     """Before any file travels: each host's free bytes (its answer) against exactly the
-    contents its cache lacks (`sizes`: sha256 -> bytes), margin included. A host that shares
-    its workdir with another is sent nothing; a host lacking nothing reports no room."""
+    contents its cache lacks (`sizes`: sha256 -> bytes), margin included: a host that lacks
+    nothing still needs the margin, for the run's logs and output. A host that shares its
+    workdir with another is sent nothing. The room figures are taken out of the answers: they
+    are for this judgement, not for the push's record."""
     problems = []
     for hp in plans:
         answer = answers[hp.host.name]
-        if answer.get("shared_with") or "disk_free" not in answer:
+        free, where = answer.pop("disk_free", None), answer.pop("disk_path", None)
+        if answer.get("shared_with") or free is None:
             continue
         lacking = sum(sizes[d] for d in set(answer["missing"]))
-        problem = room_problem(hp.host.label, answer["disk_free"], answer["disk_path"], lacking)
+        problem = room_problem(hp.host.label, free, where, lacking)
         if problem:
             problems.append(problem)
     if problems:
-        raise NoRoom("; ".join(problems) + f" — no {what} file was sent")
+        raise NoRoom("; ".join(problems) + f" — no {what} file was sent, nothing started")
 
 
 def size_text(n: float) -> str:

@@ -103,3 +103,20 @@ def test_a_disk_that_fills_during_the_push_is_named_and_leaves_nothing(ssh_lab, 
         done, run_id = train(inventory, payload, tmp_path, "--no-check")
         assert_refused_and_nothing_left(
             done, run_id, hosts, tmp_path, rf"no space left on h[12]'s disk in {mounted}/h[12]")
+
+
+def test_a_disk_too_full_for_the_stage_leaves_no_run_directory(ssh_lab, tmp_path):
+    """The push's first write, the stage (host package, manifest), finds no room: the run
+    directory it began is removed with it, since teardown runs the host package from there."""
+    from deploy.push.payload import PayloadPush
+    payload = big_payload(tmp_path, 1)
+    assert len(PayloadPush(payload, "train.py", "20260101-000000-abcdef").stage) > 16 << 10
+    with tmpfs(tmp_path / "disk", "16k") as mounted:
+        h1, h2 = ssh_lab.hosts[:2]
+        hosts = [h1, dataclasses.replace(h2, workdir=mounted / "work")]
+        inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts)
+        done, run_id = train(inventory, payload, tmp_path, "--no-check")
+        assert_refused_and_nothing_left(
+            done, run_id, hosts, tmp_path,
+            rf"h2 \(127\.0\.0\.\d+\): payload push failed: no space left on the host's disk in "
+            rf"{mounted}/work/runs/{run_id}")

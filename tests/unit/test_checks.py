@@ -411,8 +411,9 @@ def test_a_host_with_room_for_the_push_has_no_problem():
 
 
 def test_a_push_is_refused_before_any_file_when_a_host_lacks_room_for_what_it_lacks():
-    """Only the contents a host's cache lacks count; a host sharing another's workdir is sent
-    nothing; a host lacking nothing gives no room figure."""
+    """Only the contents a host's cache lacks count, and a host lacking nothing still needs the
+    margin; a host sharing another's workdir is sent nothing; the room figures leave the
+    answers (the push's record)."""
     from deploy.push.payload import NoRoom, refuse_without_room
     plans = plan_run(inventory(), Options(), "20260101-000000-abcdef", None).hosts
     sizes = {"x" * 64: 100 * MiB, "y" * 64: 10 * MiB}
@@ -423,6 +424,12 @@ def test_a_push_is_refused_before_any_file_when_a_host_lacks_room_for_what_it_la
         refuse_without_room(plans, answers, sizes, "payload")
     assert str(refused.value) == (
         "c (ssh-c): 90.0 MiB free in /w/c, this push needs 100.0 MiB (174.0 MiB with the "
-        "margin for logs and output) — no payload file was sent")
-    refuse_without_room(plans, {**answers, "c": {**answers["c"], "shared_with": "a"}}, sizes,
-                        "payload")
+        "margin for logs and output) — no payload file was sent, nothing started")
+    assert all("disk_free" not in a and "disk_path" not in a for a in answers.values())
+    answers = {"a": {"missing": [], "disk_free": 10 * MiB, "disk_path": "/w"},
+               "b": {"missing": []},
+               "c": {"missing": ["x" * 64], "disk_free": 90 * MiB, "disk_path": "/w/c",
+                     "shared_with": "a"}}
+    with pytest.raises(NoRoom, match=r"^a \(10\.1\.2\.3\): 10\.0 MiB free in /w, this push "
+                                     r"needs 0 B \(64\.0 MiB with"):
+        refuse_without_room(plans, answers, sizes, "payload")

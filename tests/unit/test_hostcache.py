@@ -184,8 +184,34 @@ def test_the_stream_from_sshd_is_read_through_a_wider_pipe():
 
 
 def test_a_push_answer_says_how_much_room_the_cache_has(tmp_path, payload):
-    rundir, wanted, _ = push(tmp_path, payload, "r1")
-    assert wanted["disk_path"] == str(tmp_path / "work") and wanted["disk_free"] > 0
+    """Before the cache exists (its workdir's figure), and when nothing is missing."""
+    cache = tmp_path / "work" / "cache"
+
+    def answer(name: str, stream: bytes = b"") -> dict:
+        rundir, _ = new_run(tmp_path, payload, name)
+        out = io.StringIO()
+        try:
+            hostcache.push(str(rundir), str(cache), io.BytesIO(stream), out)
+        except hostcache.CacheError:      # no files follow the answer here
+            pass
+        return json.loads(out.getvalue().splitlines()[0])
+    first = answer("r1")
+    assert first["missing"] and first["disk_path"] == str(tmp_path / "work")
+    assert close(first["disk_free"], statvfs_free(tmp_path))
+    push(tmp_path, payload, "r2")         # the cache holds everything now
+    again = answer("r3")
+    assert again["assembled"] and again["disk_path"] == str(cache)
+    assert close(again["disk_free"], statvfs_free(cache))
+
+
+def statvfs_free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def close(free: int, measured: int) -> bool:
+    """The same filesystem's free bytes, give or take what other writers did meanwhile."""
+    return abs(free - measured) < 64 << 20
 
 
 def test_a_disk_that_fills_during_a_receipt_is_named_and_leaves_no_partial_file(tmp_path):
