@@ -122,7 +122,7 @@ def room(cache):
     """Free bytes (for this user) on the cache's filesystem, and where they were measured."""
     path = cache
     while not os.path.isdir(path):
-        path = os.path.dirname(path)
+        path = os.path.dirname(path) or "."
     st = os.statvfs(path)
     return {"disk_free": st.f_bavail * st.f_frsize, "disk_path": path}
 
