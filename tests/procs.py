@@ -66,3 +66,32 @@ def default_signals() -> None:
     import signal
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
+
+
+# A payload that leaves its task's process group twice, prints the pids, then exits (or, given
+# --wait, sleeps): one child in a session of its own (setsid), and the grandchild of a double
+# fork in a process group of its own, which ignores SIGTERM as well.
+ESCAPING_PAYLOAD = """\
+import os, signal, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.write(w, b"%d\\n" % os.getpid())
+        time.sleep(300)
+    os._exit(0)
+os.wait()
+grandchild = int(os.read(r, 64))
+assert os.getsid(child.pid) == child.pid and os.getpgid(grandchild) == grandchild
+print("escaped", child.pid, grandchild, flush=True)
+if "--wait" in sys.argv:
+    time.sleep(300)
+"""
+
+
+def escaped_pids(log: str) -> list[int]:
+    """The pids an ESCAPING_PAYLOAD printed in `log`."""
+    line = next(line for line in log.splitlines() if line.startswith("escaped "))
+    return sorted(int(p) for p in line.split()[1:])

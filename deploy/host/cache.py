@@ -16,6 +16,7 @@ from it.
 The cache is outside every run directory and survives teardown: that is what makes the next
 push of an unchanged file free.
 """
+import errno
 import hashlib
 import json
 import os
@@ -114,6 +115,24 @@ def want(rundir, cache, member=None):
         return dict(answer, missing=[], received=received, assembled=True,
                     files=assemble(rundir, cache, files))
     return dict(answer, missing=missing, received=received, files=len(files))
+
+
+def room(cache):
+    """Free bytes (for this user) on the cache's filesystem, and where they were measured."""
+    path = cache
+    while not os.path.isdir(path):
+        path = os.path.dirname(path) or "."
+    st = os.statvfs(path)
+    return {"disk_free": st.f_bavail * st.f_frsize, "disk_path": path}
+
+
+def failure(what, verb, exc, cache, host=None):
+    """The message of a failed push; a full disk in words a user acts on, naming where."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        where = room(cache)["disk_path"]
+        return "%s %s: no space left on %s disk in %s" % (
+            what, verb, "%s's" % host if host else "the host's", where)
+    return "%s %s: %s" % (what, verb, exc)
 
 
 def take_inline(rundir, cache, expected):

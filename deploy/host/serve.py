@@ -109,18 +109,35 @@ def probe(args, body):
 
 def stage(verb, args, body):
     """A push's stage: unpack it, then answer what the cache lacks (`push`: the payload,
-    `data-push`: a data directory)."""
+    `data-push`: a data directory) and the room left where the files would go: the
+    controller sends nothing to a host without room for what it lacks."""
     rundir = args[0]
     unpack_stage(rundir, body)
     if verb == "push":
-        return cache.want(rundir, args[1], args[2:4] or None)
-    return data.want(rundir, args[1], args[2])
+        cache_dir = args[1]
+        answer = pushing("payload", verb, cache_dir, args[2:3],
+                         lambda: cache.want(rundir, cache_dir, args[2:4] or None))
+    else:
+        cache_dir = args[2]
+        answer = pushing("data", verb, cache_dir, (),
+                         lambda: data.want(rundir, args[1], cache_dir))
+    return dict(answer, **cache.room(cache_dir))
 
 
 def receive(verb, args, stream):
     if verb == "receive":
-        return cache.receive(args[0], args[1], stream)
-    return data.receive(args[0], args[1], args[2], stream)
+        return pushing("payload", verb, args[1], args[2:3],
+                       lambda: cache.receive(args[0], args[1], stream))
+    return pushing("data", verb, args[2], (),
+                   lambda: data.receive(args[0], args[1], args[2], stream))
+
+
+def pushing(what, verb, cache_dir, host, work):
+    """`work`'s answer; a failure in words a user acts on (a full disk names where)."""
+    try:
+        return work()
+    except (cache.CacheError, OSError, ValueError, KeyError) as exc:
+        raise StageError(cache.failure(what, verb, exc, cache_dir, *host)) from None
 
 
 def tar_out(folder):

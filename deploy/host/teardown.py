@@ -1,7 +1,8 @@
-"""Ending a run's processes on a host: TERM to every task's process group, KILL after the
-grace period, and a check against the run id that nothing of the run is left; `cleanup` then
-deletes the run directory, and only a directory that is provably the run's own, once the last
-host sharing it (hosts with one workdir, share.py) is done with it.
+"""Ending a run's processes on a host: TERM to every task's process group and to every other
+process of this user whose environment carries the run's id (one that left its group), KILL
+after the grace period, and a check against the run id that nothing of the run is left;
+`cleanup` then deletes the run directory, and only a directory that is provably the run's own,
+once the last host sharing it (hosts with one workdir, share.py) is done with it.
 """
 import os
 import shutil
@@ -33,32 +34,57 @@ def deaf_to_term(pgid, members):
     return bool(workers) and all(ignores_term(p) for p in workers)
 
 
-def group_members(pgid, run_id):
-    """Live processes of group `pgid` that belong to this run (by their environment)."""
-    marker = ("TFDEPLOY_RUN_ID=%s" % run_id).encode()
+def run_processes(run_id, spare=()):
+    """One pass over /proc: pid -> process group of every live process of this user whose
+    environment holds TFDEPLOY_RUN_ID=<run_id> as an entry of its own (not a prefix of
+    another id), except the pids in `spare`. None where there is no /proc to read.
+
+    Only the environment a process was started with shows there; every task and whatever it
+    starts inherits it, so a process that left its task's group (setsid, a double fork, a
+    nohup helper) is found by it all the same. Processes of other users are never looked at."""
     if not os.path.isdir("/proc/self"):
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            return [pgid]
-    members = []
+        return None
+    marker = ("TFDEPLOY_RUN_ID=%s" % run_id).encode()
+    uid = os.geteuid()
+    found = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) in spare:
             continue
         try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if fields[0] == b"Z" or int(fields[2]) != pgid:
+            if os.stat("/proc/" + name).st_uid != uid:
                 continue
             with open("/proc/%s/environ" % name, "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    members.append(int(name))
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open("/proc/%s/stat" % name, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] != b"Z":
+                found[int(name)] = int(fields[2])
         except (OSError, IndexError, ValueError):
-            continue
-    return members
+            continue     # ended meanwhile, or not ours to read
+    return found
+
+
+def group_members(pgid, run_id):
+    """Live processes of group `pgid` that belong to this run (by their environment)."""
+    found = run_processes(run_id)
+    if found is None:
+        return [pgid] if group_exists(pgid) else []
+    return [pid for pid, group in found.items() if group == pgid]
+
+
+def lineage():
+    """This process and its ancestors (the agent, the shell that started it and, on a local
+    host, the controller): never signalled, whatever their environment holds."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
 
 
 def task_indices(rundir):
@@ -77,6 +103,10 @@ def group_exists(pgid):
 
 
 def stop(rundir, grace):
+    """TERM every task's process group, then every other process of the run (escaped from its
+    group: found by the run id in its environment), KILL what is left after `grace` seconds.
+    Each round looks at /proc once for all of them. Answers what was signalled, the pids of
+    escaped processes that were (only when there were some), and the survivors."""
     run_id = run_id_of(rundir)
     groups = {}
     for task in task_indices(rundir):
@@ -86,7 +116,19 @@ def stop(rundir, grace):
     build = read_json(in_run(rundir, BUILD_PID))
     if build:
         groups["build"] = build["pgid"]
-    signalled = {}
+    spare = lineage()
+    signalled, escaped = {}, {}
+
+    def look():
+        """The groups with live processes of the run (task -> members), and the run's
+        processes outside every recorded group."""
+        found = run_processes(run_id, spare)
+        if found is None:      # no /proc: groups by their existence only, escapes unseen
+            return {t: [g] for t, g in groups.items() if group_exists(g)}, []
+        live = {t: [p for p, g in found.items() if g == pgid] for t, pgid in groups.items()}
+        pgids = set(groups.values())
+        return {t: m for t, m in live.items() if m}, [p for p, g in found.items()
+                                                         if g not in pgids]
 
     def send(task, pgid, sig):
         try:
@@ -95,26 +137,46 @@ def stop(rundir, grace):
         except ProcessLookupError:
             pass
 
+    def end_escaped(pids, sig):
+        """TERM once to each (also to one that appears later, started by a process that was
+        still ending); KILL in the KILL round, or at once to one that ignores TERM."""
+        for pid in pids:
+            sent = escaped.get(pid, [])
+            want = signal.SIGKILL if sig == signal.SIGKILL or ignores_term(pid) else sig
+            if "SIGKILL" in sent or want.name in sent:
+                continue
+            try:
+                os.kill(pid, want)
+                escaped.setdefault(pid, []).append(want.name)
+            except ProcessLookupError:
+                pass
+
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        live = {t: g for t, g in groups.items() if group_members(g, run_id)}
-        for task, pgid in live.items():
-            send(task, pgid, sig)
+        live, loose = look()
+        for task in live:
+            send(task, groups[task], sig)
+        # After the groups: a task's own shutdown may end its helpers itself.
+        end_escaped(loose, sig)
         deadline = time.time() + wait
-        while live and time.time() < deadline:
+        while (live or loose) and time.time() < deadline:
             time.sleep(0.05)
-            members = {t: group_members(g, run_id) for t, g in live.items()}
-            live = {t: g for t, g in live.items() if members[t]}
+            live, loose = look()
+            end_escaped(loose, sig)
             if sig == signal.SIGTERM:
-                for task, pgid in live.items():
+                for task, members in live.items():
                     # TERM cannot end a group whose processes ignore it: KILL it now
                     # rather than after the grace period (the others keep their grace).
-                    if deaf_to_term(pgid, members[task]) and "SIGKILL" not in \
+                    if deaf_to_term(groups[task], members) and "SIGKILL" not in \
                             signalled.get(str(task), ()):
-                        send(task, pgid, signal.SIGKILL)
-        if not live:
+                        send(task, groups[task], signal.SIGKILL)
+        if not live and not loose:
             break
-    survivors = sorted(p for g in groups.values() for p in group_members(g, run_id))
-    return {"signalled": signalled, "survivors": survivors}
+    live, loose = look()
+    result = {"signalled": signalled,
+              "survivors": sorted({p for m in live.values() for p in m} | set(loose))}
+    if escaped:
+        result["escaped"] = sorted(escaped)
+    return result
 
 
 def cleanup(rundir, grace, host=None):

@@ -16,6 +16,13 @@ HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to
 # fail half-way, after the cluster has started.
 MIN_DISK_FREE = 512 * 1024 ** 2
+# What a push needs beyond the bytes it writes: a tenth more for the filesystem's own
+# accounting (every file takes whole blocks, a directory takes blocks too) and for what grows
+# from the first second (the tasks' logs, the chief's first checkpoints), plus 64 MiB for the
+# run directory's stage (host package, manifest, files that ride along) and the filesystem's
+# reserve. A push that just fits would leave the tasks failing on their first write.
+PUSH_MARGIN_FRACTION = 0.10
+PUSH_MARGIN_BYTES = 64 * 1024 ** 2
 # A port is tried this long at most; a blocked port costs this much time, a healthy mesh far less.
 MESH_WINDOW = 5.0
 # The whole mesh probe on a host, its three phases (listen, dial, close) together, ends by
@@ -78,7 +85,25 @@ def mesh_requests(spec: dict) -> tuple[Request, Request, Request]:
             Request("mesh-dial"), Request("mesh-close"))
 
 
-def judge_probe(check: HostCheck, answer: dict) -> None:
+def push_needs(push_bytes: int) -> int:
+    """The free bytes a push of `push_bytes` new bytes needs on its host, margin included."""
+    return int(push_bytes * (1 + PUSH_MARGIN_FRACTION)) + PUSH_MARGIN_BYTES
+
+
+def room_problem(label: str, free: int, where: str, push_bytes: int) -> str | None:
+    """`h3: 28.0 MiB free in /path, this push needs 60.0 MiB (...)`, or None when there is
+    room. Used with the probe's answer (an upper bound: every byte counted, cached or not) and
+    again with the host's answer to a push (exactly the files its cache lacks)."""
+    needs = push_needs(push_bytes)
+    if free >= needs:
+        return None
+    return (f"{label}: {size(free)} free in {where}, this push needs {size(push_bytes)} "
+            f"({size(needs)} with the margin for logs and output)")
+
+
+def judge_probe(check: HostCheck, answer: dict, push_bytes: int = 0) -> None:
+    """`push_bytes`: what the run's push may write to this host (payload and data, cached or
+    not); 0 when there is no push (`inv check`)."""
     host, label = check.host, check.host.label
     check.probe = answer
     versions = answer.get("versions", {})
@@ -103,7 +128,11 @@ def judge_probe(check: HostCheck, answer: dict) -> None:
     elif not answer.get("writable", True):
         check.problems.append(f"{label}: cannot create the workdir {host.workdir}: "
                               f"{answer['disk_path']} is not writable")
-    if answer.get("disk_free", MIN_DISK_FREE) < MIN_DISK_FREE:
+    no_room = (room_problem(label, answer["disk_free"], answer["disk_path"], push_bytes)
+               if push_bytes and "disk_free" in answer else None)
+    if no_room:
+        check.problems.append(no_room)
+    elif answer.get("disk_free", MIN_DISK_FREE) < MIN_DISK_FREE:
         check.problems.append(f"{label}: only {size(answer['disk_free'])} free under "
                               f"{answer['disk_path']} (workdir {host.workdir}); a run needs "
                               f"at least {size(MIN_DISK_FREE)}")

@@ -28,7 +28,7 @@ from deploy.push.bundle import (
     payload_files
 )
 from deploy.push.hashcache import HashCache
-from deploy.push.payload import size_text
+from deploy.push.payload import refuse_without_room, size_text
 from deploy.ssh.session import Session
 
 
@@ -109,6 +109,11 @@ class DataPush:
             for h in inventory.hosts)
         return dataclasses.replace(inventory, hosts=hosts)
 
+    def bytes_for(self, host: Host) -> int:
+        """What the push of `host`'s local data directory may write there (0: none)."""
+        data = host.data
+        return self.trees[data.path].size if data is not None and data.kind == "local" else 0
+
     def content(self, tree: DataTree, wanted: frozenset[str]) -> FileStream:
         return self.streams.get(tree.root, tree.files, wanted)
 
@@ -138,6 +143,8 @@ class DataPush:
             with console.status(f"data: {len(self.trees)} dir(s), {size_text(size)}; asking "
                                 f"{len(plans)} host(s) what they lack…") as status:
                 def on_answers(wants: dict[str, dict]) -> None:
+                    refuse_without_room(plans, wants, {f.sha256: f.size for t in self.trees.values()
+                                                       for f in t.files}, "data")
                     console.print(self.summary(plans, wants), highlight=False)
                     status.update("data: sending and assembling on every host…")
                 answers = session.push(

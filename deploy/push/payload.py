@@ -4,16 +4,44 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterable, Mapping
 
 from rich.console import Console
 
-from deploy.plan.planner import RunPlan
+from deploy.errors import Failure
+from deploy.plan.checks import room_problem
+from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
 from deploy.push.hashcache import HashCache
 from deploy.ssh.session import Session
 
 # Recently changed content sent along with the manifest, at most this much per push.
 INLINE_BYTES = 1 << 20
+
+
+class NoRoom(Failure):
+    """A host's disk lacks the room for the files a push must send it; none were sent."""
+
+
+def refuse_without_room(plans: Iterable[HostPlan], answers: Mapping[str, dict],
+                        sizes: Mapping[str, int], what: str) -> None:
+    """Before any file travels: each host's free bytes (its answer) against exactly the
+    contents its cache lacks (`sizes`: sha256 -> bytes), margin included: a host that lacks
+    nothing still needs the margin, for the run's logs and output. A host that shares its
+    workdir with another is sent nothing. The room figures are taken out of the answers: they
+    are for this judgement, not for the push's record."""
+    problems = []
+    for hp in plans:
+        answer = answers[hp.host.name]
+        free, where = answer.pop("disk_free", None), answer.pop("disk_path", None)
+        if answer.get("shared_with") or free is None:
+            continue
+        lacking = sum(sizes[d] for d in set(answer["missing"]))
+        problem = room_problem(hp.host.label, free, where, lacking)
+        if problem:
+            problems.append(problem)
+    if problems:
+        raise NoRoom("; ".join(problems) + f" — no {what} file was sent, nothing started")
 
 
 def size_text(n: float) -> str:
@@ -84,6 +112,8 @@ class PayloadPush:
                             f"{size_text(self.total_bytes)}; asking {len(plan.hosts)} "
                             "host(s) what they lack…") as status:
             def on_answers(answers: dict[str, dict]) -> None:
+                refuse_without_room(plan.hosts, answers,
+                                    {f.sha256: f.size for f in self.files}, "payload")
                 console.print(self.changed(answers), highlight=False)
                 status.update("payload: sending and assembling on every host…")
             answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push,

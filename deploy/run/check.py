@@ -33,9 +33,11 @@ class ChecksFailed(Failure):
 
 def run_checks(inventory: Inventory, session: Session,
                unreachable: Mapping[str, str] | None = None,
-               requirements_sha256: str | None = None) -> CheckReport:
+               requirements_sha256: str | None = None,
+               push_bytes: Mapping[str, int] | None = None) -> CheckReport:
     """Check every host of the session's; hosts in `unreachable` (name -> why) are reported as
-    such. `requirements_sha256` names the `inv setup` environment the tasks would prefer."""
+    such. `requirements_sha256` names the `inv setup` environment the tasks would prefer;
+    `push_bytes` (by host name) what a run's push may write there, judged against its room."""
     started = time.monotonic()
     checks = [HostCheck(h) for h in inventory.hosts]
     for c in checks:
@@ -53,7 +55,7 @@ def run_checks(inventory: Inventory, session: Session,
         if c.host.name in errors:
             c.problems.append(str(errors[c.host.name]))
         else:
-            judge_probe(c, answers[c.host.name])
+            judge_probe(c, answers[c.host.name], (push_bytes or {}).get(c.host.name, 0))
     probed = [c for c in connected if c.probe]
     report = CheckReport(checks, version_problems(checks))
     port_problem = assign_task_ports(probed) if probed else None
@@ -81,12 +83,14 @@ def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_ke
 
 
 def check_before_run(session: Session, inventory: Inventory, console: Console,
-                     requirements_sha256: str | None = None) -> CheckReport:
+                     requirements_sha256: str | None = None,
+                     push_bytes: Mapping[str, int] | None = None) -> CheckReport:
     """`train`'s checks, on the session's agents. On a problem the session is closed and
     ChecksFailed raised: nothing has been started or written on any host."""
     try:
         with console.status(f"checking {len(inventory.hosts)} host(s)…"):
-            report = run_checks(inventory, session, requirements_sha256=requirements_sha256)
+            report = run_checks(inventory, session, requirements_sha256=requirements_sha256,
+                                push_bytes=push_bytes)
         if not report.ok:
             console.print(report_view(report))
             raise ChecksFailed(f"{len(report.all_problems)} problem(s) found before starting; "

@@ -61,8 +61,9 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         # Closes the session when it fails. The ports it chose are the run's: the mesh check
         # just proved them reachable from every host, and a second probe would cost every host
         # another command.
-        checked_ports = check_before_run(session, inventory, console,
-                                         options.requirements_sha256).host_ports
+        checked_ports = check_before_run(
+            session, inventory, console, options.requirements_sha256,
+            {h.name: payload.total_bytes + data.bytes_for(h) for h in inventory.hosts}).host_ports
     local_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"local records in {local_dir}", highlight=False)
     started = time.time()

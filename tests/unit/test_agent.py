@@ -35,7 +35,7 @@ from deploy.push.payload import PayloadPush
 from deploy.run.follow import Followers
 from deploy.ssh.agent import HostAgent, StepFailed
 from deploy.ssh.transport import LocalTransport
-from procs import processes_of_run, wait_until_gone
+from procs import ESCAPING_PAYLOAD, escaped_pids, processes_of_run, wait_until_gone
 
 
 def kill_run(run_id: str) -> None:
@@ -213,6 +213,34 @@ def test_stop_escalates_to_kill_for_a_task_that_ignores_term(host, rundir, run_i
     assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
     assert processes_of_run(run_id) == []
     assert poll_until_ended(host, rundir, 0)["state"] in ("exited", "lost")
+
+
+def test_stop_ends_the_processes_that_left_the_tasks_group(host, rundir, run_id):
+    """One in a session of its own, one double-forked into a group of its own that ignores
+    TERM: found by the run id in their environment, ended after the task's group."""
+    launch(host, rundir, 0, sys.executable, "-c", ESCAPING_PAYLOAD, "--wait")
+    wait_for_log(rundir, 0, b"escaped ")
+    pids = escaped_pids((rundir / "worker-0.log").read_text())
+    assert set(pids) < set(processes_of_run(run_id))
+    result = host.ask("stop", rundir, "5")
+    assert result["escaped"] == pids and result["survivors"] == []
+    assert result["signalled"] == {"0": ["SIGTERM"]}
+    assert processes_of_run(run_id) == []
+
+
+def test_stop_spares_other_runs_and_its_own_process(rundir, run_id, monkeypatch):
+    """Another run whose id starts with this one's is not this run; the agent carrying the
+    run's id (as it may on a local host) does not end itself."""
+    other = subprocess.Popen(["sleep", "60"], env={**os.environ, "TFDEPLOY_RUN_ID": run_id + "0"})
+    monkeypatch.setenv("TFDEPLOY_RUN_ID", run_id)
+    try:
+        with hostpkg.LocalAgent() as agent:
+            assert agent.ask("stop", rundir, "1") == {"signalled": {}, "survivors": []}
+            assert len(agent.ask("ports", "1")["ports"]) == 1       # it is still there
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 class Following:

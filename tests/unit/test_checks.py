@@ -14,8 +14,9 @@ import pytest
 import hostpkg
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
-    HOSTCHECK_SOURCE, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports, judge_mesh,
-    judge_probe, mesh_pairs, mesh_requests, mesh_specs, probe_request, rows, version_problems
+    HOSTCHECK_SOURCE, MIN_DISK_FREE, PUSH_MARGIN_BYTES, CheckReport, HostCheck,
+    assign_task_ports, judge_mesh, judge_probe, mesh_pairs, mesh_requests, mesh_specs,
+    probe_request, push_needs, room_problem, rows, version_problems
 )
 from deploy.plan.lints import lint
 from deploy.plan.planner import Options, plan_run
@@ -442,3 +443,60 @@ def test_the_checks_run_through_a_session_of_agents(tmp_path):
         ((1, 1), (2, 2)), ((4, 4), (3, 3))]
     ports = checked["a"].ports + checked["b"].ports
     assert len(ports) == len(set(ports)) == 3
+
+
+MiB = 1024 ** 2
+
+
+def test_a_push_needs_its_bytes_and_a_margin():
+    assert push_needs(0) == PUSH_MARGIN_BYTES
+    assert push_needs(100 * MiB) == 110 * MiB + PUSH_MARGIN_BYTES
+    assert room_problem("h3", 28 * MiB, "/srv", 60 * MiB) == (
+        "h3: 28.0 MiB free in /srv, this push needs 60.0 MiB (130.0 MiB with the margin for "
+        "logs and output)")
+    assert room_problem("h3", push_needs(60 * MiB), "/srv", 60 * MiB) is None
+
+
+@pytest.mark.parametrize("free, push, words", [
+    (30 * MiB, 60 * 10 ** 6, "a (10.1.2.3): 30.0 MiB free in /srv, this push needs 57.2 MiB"),
+    (600 * MiB, 700 * 10 ** 6, "a (10.1.2.3): 600.0 MiB free in /srv, this push needs "
+                               "667.6 MiB"),
+    # Room for the push, not for a run: the floor still speaks.
+    (MIN_DISK_FREE - 1, MiB, "a (10.1.2.3): only 512.0 MiB free under /srv"),
+])
+def test_a_host_without_room_for_the_push_is_a_problem(free, push, words):
+    checks = [HostCheck(h) for h in inventory().hosts]
+    judge_probe(checks[0], probe(free=free), push)
+    (problem,) = checks[0].problems
+    assert words in problem
+
+
+def test_a_host_with_room_for_the_push_has_no_problem():
+    checks = [HostCheck(h) for h in inventory().hosts]
+    judge_probe(checks[0], probe(free=2 * 1024 * MiB), 700 * 10 ** 6)
+    assert checks[0].problems == []
+
+
+def test_a_push_is_refused_before_any_file_when_a_host_lacks_room_for_what_it_lacks():
+    """Only the contents a host's cache lacks count, and a host lacking nothing still needs the
+    margin; a host sharing another's workdir is sent nothing; the room figures leave the
+    answers (the push's record)."""
+    from deploy.push.payload import NoRoom, refuse_without_room
+    plans = plan_run(inventory(), Options(), "20260101-000000-abcdef", None).hosts
+    sizes = {"x" * 64: 100 * MiB, "y" * 64: 10 * MiB}
+    roomy = {"missing": ["y" * 64], "disk_free": 90 * MiB, "disk_path": "/w"}
+    answers = {"a": roomy, "b": {"missing": []},
+               "c": {"missing": ["x" * 64], "disk_free": 90 * MiB, "disk_path": "/w/c"}}
+    with pytest.raises(NoRoom) as refused:
+        refuse_without_room(plans, answers, sizes, "payload")
+    assert str(refused.value) == (
+        "c (ssh-c): 90.0 MiB free in /w/c, this push needs 100.0 MiB (174.0 MiB with the "
+        "margin for logs and output) — no payload file was sent, nothing started")
+    assert all("disk_free" not in a and "disk_path" not in a for a in answers.values())
+    answers = {"a": {"missing": [], "disk_free": 10 * MiB, "disk_path": "/w"},
+               "b": {"missing": []},
+               "c": {"missing": ["x" * 64], "disk_free": 90 * MiB, "disk_path": "/w/c",
+                     "shared_with": "a"}}
+    with pytest.raises(NoRoom, match=r"^a \(10\.1\.2\.3\): 10\.0 MiB free in /w, this push "
+                                     r"needs 0 B \(64\.0 MiB with"):
+        refuse_without_room(plans, answers, sizes, "payload")

@@ -210,10 +210,13 @@ def data_request(verb: str, rundir: Path, datadir: str) -> Request:
 
 
 def want(agent, tree: DataTree, rundir: Path, datadir: str | None = None) -> dict:
-    """The data-push request: the stage unpacked into the run dir, and what the cache lacks."""
+    """The data-push request: the stage unpacked into the run dir, and what the cache lacks
+    (the room left where it would go is checked, then left out)."""
     datadir = datadir or str(rundir.parents[1] / "data" / tree.sha256)
-    return agent.agent.ask(data_request("data-push", rundir, datadir), "data-push",
-                           tree.stage()).wait(60)
+    answer = agent.agent.ask(data_request("data-push", rundir, datadir), "data-push",
+                             tree.stage()).wait(60)
+    assert answer.pop("disk_free") > 0 and answer.pop("disk_path")
+    return answer
 
 
 def receive(agent, rundir: Path, datadir: str, stream: bytes) -> dict:

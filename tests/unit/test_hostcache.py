@@ -144,7 +144,8 @@ def test_the_agent_answers_push_and_receive_from_the_run_dir(tmp_path, payload):
                               files=FileStream(payload, files, set(missing))).wait(30)
         assert sorted(got["received"]) == sorted(missing) and got["files"] == 4
         assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 1\n"
-        with pytest.raises(StepFailed, match="receive failed: the file stream does not start"):
+        with pytest.raises(StepFailed, match="receive failed: payload receive: the file stream "
+                                             "does not start"):
             agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
                             files=[b"not a file stream\n"]).wait(30)
         assert agent.ask("push", rundir, cache, body=stage_tar("r1", files))["assembled"]
@@ -187,3 +188,55 @@ def test_the_stream_from_sshd_is_read_through_a_wider_pipe():
         hostcache._widen(io.BytesIO(b""))                # not a pipe: nothing to do
     finally:
         os.close(write)
+
+
+def test_a_push_answer_says_how_much_room_the_cache_has(tmp_path, payload):
+    """Before the cache exists (its workdir's figure), and when nothing is missing."""
+    cache = tmp_path / "work" / "cache"
+    files = manifest(payload, "train.py")
+
+    def answer(agent, name: str) -> dict:
+        return agent.ask("push", tmp_path / "work" / "runs" / name, cache,
+                         body=stage_tar(name, files))
+    with hostpkg.LocalAgent() as agent:
+        first = answer(agent, "r1")
+        assert first["missing"] and first["disk_path"] == str(tmp_path / "work")
+        assert close(first["disk_free"], statvfs_free(tmp_path))
+        push(tmp_path, payload, "r2")         # the cache holds everything now
+        again = answer(agent, "r3")
+    assert again["assembled"] and again["disk_path"] == str(cache)
+    assert close(again["disk_free"], statvfs_free(cache))
+
+
+def statvfs_free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def close(free: int, measured: int) -> bool:
+    """The same filesystem's free bytes, give or take what other writers did meanwhile."""
+    return abs(free - measured) < 64 << 20
+
+
+def test_a_disk_that_fills_during_a_receipt_is_named_and_leaves_no_partial_file(tmp_path):
+    """A real full disk (a 1 MiB tmpfs) under a 2 MiB file: the error names the host's disk
+    and the directory, not errno 28; nothing half-written stays in the cache."""
+    from tmpfs import tmpfs
+    big = tmp_path / "payload"
+    big.mkdir()
+    (big / "train.py").write_bytes(os.urandom(2 << 20))
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        rundir = disk / "work" / "runs" / "r1"
+        files = manifest(big, "train.py")
+        cache = disk / "work" / "cache"
+        with hostpkg.LocalAgent() as agent:
+            answer = agent.ask("push", rundir, cache, "h3", "0", body=stage_tar("r1", files))
+            assert answer["disk_free"] < 1 << 20
+            # The files as a run sends them, on the same channel after the answer.
+            with pytest.raises(StepFailed) as failed:
+                agent.agent.ask(Request("receive", (str(rundir), str(cache), "h3", "0")),
+                                "receive", files=FileStream(big, files, set(answer["missing"]))
+                                ).wait(60)
+        assert "payload receive: no space left on h3's disk in " + str(cache) \
+            in str(failed.value)
+        assert os.listdir(cache / "files") == [] and os.listdir(cache / "tmp") == []
