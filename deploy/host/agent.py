@@ -15,7 +15,8 @@ import threading
 import time
 
 from deploy.host.frames import write_frame
-from deploy.host.layout import HOST_ZIP, in_run, task_file
+from deploy.host.envkey import env_python
+from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members, stop
 
@@ -39,7 +40,9 @@ def ends_with_newline(path):
         return f.read(1) == b"\n"
 
 
-def launch(rundir, task, cwd, argv, prefer=None):
+def launch(rundir, task, cwd, argv, requirements=None):
+    """`requirements`: the sha256 of the payload's requirements.txt; the python of its `inv
+    setup` environment for this host replaces ARGV[0] where that environment exists."""
     doc = json.load(sys.stdin)
     # The data directory is the user's (remote) or placed by the data push: made empty here,
     # a mistyped path would train on nothing without a word.
@@ -49,8 +52,10 @@ def launch(rundir, task, cwd, argv, prefer=None):
                          "of the inventory)" % data)
     attempt = int(doc["env"].get("TFDEPLOY_ATTEMPT", "1"))
     set_aside(rundir, task, attempt)
-    if prefer and os.path.isfile(os.path.expanduser(prefer)):
-        argv = [os.path.expanduser(prefer)] + argv[1:]
+    if requirements:
+        prefer = env_python(workdir_of(os.path.expanduser(rundir)), requirements)
+        if os.path.isfile(prefer):
+            argv = [prefer] + argv[1:]
     env = dict(os.environ)
     for key, value in doc["env"].items():
         if key in PATH_VARS:

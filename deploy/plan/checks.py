@@ -3,13 +3,15 @@ deploy/run/check.py runs it. Every problem is a sentence that names the host and
 """
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.host.check
+from deploy.host import envkey, layout
 from deploy.inventory.model import Host
-from deploy.plan.command import Command, HostPath, Shell
+from deploy.plan.command import Command, HostPath
 from deploy.plan.planner import CHECK_STDIN
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
 
@@ -28,6 +30,16 @@ MESH_BOOT = ("import sys; s = sys.stdin.buffer; "
              "exec(compile(s.read(int(s.readline())), 'check.py', 'exec'))")
 MESH_ATTEMPT = 2.0     # one connection attempt; a firewall that drops packets times out here
 INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
+# `python -I -S -c ENV_PROBE_BOOT WORKDIR REQUIREMENTS ARGS...`: become the python of this
+# host's `inv setup` environment where it exists (its name is computed here, on the host, by
+# envkey.py's own source), else stay this python, and read the probe from stdin as `-I - ARGS`.
+ENV_PROBE_BOOT = (
+    "import hashlib,importlib.machinery,json,os,re,sys\nENVS=%r\n" % layout.ENVS
+    + "".join(inspect.getsource(f) for f in (envkey.host_facts, envkey.libc, envkey.host_key,
+                                              envkey.env_name, envkey.env_dir, envkey.env_python))
+    + "p=env_python(sys.argv[1],sys.argv[2])\n"
+      "if not os.access(p,os.X_OK):p=sys.executable\n"
+      "os.execv(p,[p,'-I','-']+sys.argv[3:])\n")
 
 
 @dataclass
@@ -66,19 +78,18 @@ def tf_label(host: Host) -> str:
     return f"{host.name} ({host.tf_address})"
 
 
-def probe_command(host: Host, env_python: str | None = None) -> Command:
+def probe_command(host: Host, env_requirements: str | None = None) -> Command:
     """The host's python reads deploy/host/check.py from stdin: nothing is written on the host.
-    With `env_python` (the environment of `inv setup`), that one answers where it exists,
-    since it is what the tasks will run."""
-    args = ("-I", "-", "probe", HostPath(host.workdir), str(ports_to_probe(host)))
+    With `env_requirements` (the environment of `inv setup` for that requirements.txt), that
+    environment's python answers where it exists, since it is what the tasks will run."""
+    args = ("probe", HostPath(host.workdir), str(ports_to_probe(host)))
     if host.data is not None and host.data.kind == "remote":
         args += (HostPath(host.data.path),)     # tasks will read it: can they?
     python = HostPath(host.python)
-    if env_python:
-        env = HostPath(env_python)
-        return Command((Shell("if [ -x"), env, Shell("]; then"), env, *args, Shell("; else"),
-                        python, *args, Shell("; fi")), stdin=CHECK_STDIN)
-    return Command((python, *args), stdin=CHECK_STDIN)
+    if env_requirements:
+        return Command((python, "-I", "-S", "-c", ENV_PROBE_BOOT, HostPath(host.workdir),
+                        env_requirements, *args), stdin=CHECK_STDIN)
+    return Command((python, "-I", "-", *args), stdin=CHECK_STDIN)
 
 
 def mesh_command(host: Host, spec: dict) -> Command:

@@ -21,7 +21,7 @@ from deploy.plan.checks import (
     mesh_specs, probe_command, version_problems
 )
 from deploy.plan.command import Command
-from deploy.plan.planner import env_python
+from deploy.plan.planner import env_requirements
 from deploy.run.mesh import probe_mesh
 from deploy.ssh.parallel import on_each
 from deploy.ssh.session import Session, StepFailed, agent_json
@@ -55,7 +55,7 @@ def run_checks(inventory: Inventory, transports: Mapping[str, Transport],
         return agent_json(result, c.host, step)
 
     answers, errors = on_each(connected, lambda c: c.host.name, lambda c: ask(
-        c, probe_command(c.host, env_python(c.host, requirements_sha256)),
+        c, probe_command(c.host, env_requirements(c.host, requirements_sha256)),
         f"running {c.host.python}", PROBE_TIMEOUT))
     for c in connected:
         if c.host.name in errors:

@@ -48,7 +48,7 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
           dry_run: bool, connect_timeout: float, accept_new_host_keys: bool,
           console: Console) -> int:
     keep = keep_of(payload, runs_dir)
-    stdin = framed(host_zip())
+    stdin = framed(host_zip()) + keep.document()
     failed = 0
     verb = "would free" if dry_run else "freed"
     for host in inventory.hosts:
@@ -56,7 +56,7 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
             transport = connect(host, connect_timeout, accept_new_host_keys)
             try:
                 result = transport.run(prune_command(host, older_than, dry_run).line,
-                                       stdin=stdin + keep.document(host), timeout=600)
+                                       stdin=stdin, timeout=600)
             finally:
                 transport.close()
             freed = agent_json(result, host, "prune")

@@ -7,9 +7,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from deploy.host.envkey import env_python
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, MESH_BOOT, MIN_DISK_FREE, CheckReport, HostCheck, assign_task_ports,
@@ -55,14 +57,19 @@ def test_probe_and_mesh_commands_feed_the_source_on_stdin_and_quote_everything()
 
 @pytest.mark.parametrize("env_exists", [True, False])
 def test_the_probe_runs_the_setup_environment_where_it_exists(tmp_path, env_exists):
-    """The tasks run `inv setup`'s interpreter when it exists, so that one is probed."""
-    env = tmp_path / "env dir" / "python"
-    if env_exists:
-        env.parent.mkdir()
-        env.symlink_to(sys.executable)
-    host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
+    """The tasks run `inv setup`'s interpreter when it exists, so that one is probed: this
+    host's, named on the host (envkey.py), not another one's of the same requirements in a
+    shared workdir."""
+    requirements = "d" * 64
+    workdir = tmp_path / "work dir"
+    for key in ["f" * 16] + ([None] if env_exists else []):
+        path = Path(env_python(str(workdir), requirements, key=key))
+        path.parent.mkdir(parents=True)
+        path.symlink_to(sys.executable)
+    env = env_python(str(workdir), requirements)
+    host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{workdir}',"
                      f" python: '{sys.executable}'}}\n").hosts[0]
-    done = subprocess.run(["/bin/sh", "-c", probe_command(host, str(env)).line],
+    done = subprocess.run(["/bin/sh", "-c", probe_command(host, requirements).line],
                           input=HOSTCHECK_SOURCE.read_bytes(),
                           capture_output=True, check=True)
     assert json.loads(done.stdout)["executable"] == (str(env) if env_exists else sys.executable)
