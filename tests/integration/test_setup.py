@@ -118,7 +118,9 @@ def test_setup_builds_reuses_and_rebuilds_on_change(setup_lab, tmp_path):
         log = (run_dir / f"worker-{i}.log").read_text()
         assert f"ran with {built[name]}/bin/python tinypkg 1.0" in log, log
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert [h["env_python"] for h in plan["hosts"]] == [f"{built[n]}/bin/python" for n in built]
+    # The plan names each environment by its requirements; the host key is the host's.
+    assert [h["env_python"] for h in plan["hosts"]] == [
+        f"{built[n].parent}/{built[n].name.split('-')[0]}-<host key>/bin/python" for n in built]
     dry = inv("train", "--hosts", str(inventory), "--payload", str(payload), "--dry-run")
     assert dry.stdout.count("if `inv setup` built it, else python3") == 2, dry.stdout
 
@@ -219,8 +221,8 @@ def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(
     is another Python build, put first on its PATH by sshd's SetEnv (with PYENV_VERSION=system,
     so that a pyenv set up by the shell's startup files defers to that PATH). Each host names
     its environment by its own build (deploy/host/envkey.py): two environments of one
-    requirements.txt side by side, neither replacing the other, each host's task run by its
-    own, both kept by a prune that keeps the payload and freed by one that does not. `inv
+    requirements.txt side by side, neither replacing the other, each host's probe and task run
+    by its own, both kept by a prune that keeps the payload and freed by one that does not. `inv
     setup` runs host by host: hosts sharing a workdir are not coordinated when they set up at
     once (docs/shared-homes.md)."""
     wheelhouse = tmp_path / "wheelhouse"
@@ -262,6 +264,12 @@ def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(
         assert "setup: 1 reused of 1 host(s)" in setup(inventory("h1", h1))  # left in place
 
         both = inventory("both", h1, h2)
+        # The probe of `inv check` runs each host's own environment (which lacks TensorFlow).
+        checked = inv("check", "--hosts", str(both), "--payload", str(payload))
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        for env in (first, second):
+            assert f"tensorflow is not installed for {env}/bin/python" in checked.stdout, \
+                checked.stdout
         runs = tmp_path / "runs"
         trained = inv("train", "--hosts", str(both), "--payload", str(payload),
                       "--runs-dir", str(runs), "--start-timeout", "0", "--no-check")
