@@ -120,7 +120,7 @@ def setup(rundir, envdir, wheelhouse):
         json.dump(want, f)
     os.makedirs(os.path.dirname(envdir), exist_ok=True)
     if os.path.lexists(envdir):
-        # A stale one (other Python, or unfinished): it goes with this run's directory.
+        # A stale one (unfinished, or its marker disagrees): it goes with this run's directory.
         os.rename(envdir, in_run(rundir, ENV_REPLACED))
     os.rename(build, envdir)
     relocate(envdir, build)
