@@ -108,19 +108,21 @@ class SshLab:
         """Pids of the sshd listeners this lab started and has not stopped yet."""
         return [s.proc.pid for s in self._servers]
 
-    def start(self, n: int, *, record_host_keys: bool = True,
-              ipv6: bool = False) -> list[LabHost]:
+    def start(self, n: int, *, record_host_keys: bool = True, ipv6: bool = False,
+              setenv: Mapping[str, str] | None = None) -> list[LabHost]:
         """Start n more sshd servers and return their hosts once each shows an SSH banner.
 
         With record_host_keys=False the servers' keys are left out of known_hosts (an unknown
         host to a strict client); ``host.known_hosts_line()`` gives the entry to add later.
-        With ipv6=True they all listen on ::1, each on its own port.
+        With ipv6=True they all listen on ::1, each on its own port. ``setenv`` is set in every
+        session of these servers (sshd's SetEnv, which overrides its default PATH): e.g. a PATH
+        under which ``python3`` is another Python build than on the other hosts.
         """
         if n < 1:
             raise ValueError(f"n must be at least 1, not {n}")
         self._prepare()
         # If one fails, those already up stay tracked in self._servers, so stop() ends them.
-        return [self._start_one(record_host_keys, ipv6) for _ in range(n)]
+        return [self._start_one(record_host_keys, ipv6, setenv or {}) for _ in range(n)]
 
     def stop(self) -> None:
         """End every sshd this lab started: SIGTERM, then SIGKILL after STOP_GRACE seconds.
@@ -222,12 +224,13 @@ class SshLab:
         self.known_hosts.touch(mode=0o600)
         self._prepared = True
 
-    def _start_one(self, record_host_key: bool, ipv6: bool) -> LabHost:
+    def _start_one(self, record_host_key: bool, ipv6: bool,
+                   setenv: Mapping[str, str]) -> LabHost:
         address = IPV6_LOOPBACK if ipv6 else self._next_v4()
         host, host_key = self._new_host(address, 0)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             host = dataclasses.replace(host, port=free_port(address))
-            server = self._spawn(host, host_key)
+            server = self._spawn(host, host_key, setenv=setenv)
             try:
                 _wait_ready(server)
             except LabError:
@@ -263,10 +266,12 @@ class SshLab:
                        host_key=Path(f"{host_key}.pub"), log=host_dir / "sshd.log")
         return host, host_key
 
-    def _spawn(self, host: LabHost, host_key: Path, prefix: tuple[str, ...] = ()) -> _Server:
+    def _spawn(self, host: LabHost, host_key: Path, prefix: tuple[str, ...] = (),
+               setenv: Mapping[str, str] | None = None) -> _Server:
         """Start this host's sshd (behind `prefix`, e.g. `ip netns exec NS`) and track it."""
         config = host.log.with_name("sshd_config")
-        config.write_text(self._config(host, host_key, host.log.with_name("sshd.pid")))
+        config.write_text(self._config(host, host_key, host.log.with_name("sshd.pid"),
+                                       setenv or {}))
         with open(host.log, "ab") as log:
             proc = subprocess.Popen([*prefix, str(self.sshd), "-D", "-e", "-f", str(config)],
                                     stdin=subprocess.DEVNULL, stdout=log,
@@ -275,7 +280,12 @@ class SshLab:
         self._servers.append(server)
         return server
 
-    def _config(self, host: LabHost, host_key: Path, pid_file: Path) -> str:
+    def _config(self, host: LabHost, host_key: Path, pid_file: Path,
+                setenv: Mapping[str, str]) -> str:
+        for name, value in setenv.items():
+            if not name.isidentifier() or any(c.isspace() or c == '"' for c in value):
+                raise ValueError(f"SetEnv {name}={value!r}: a name, and a value without "
+                                 "spaces or quotes")
         return "\n".join([
             f"# tfdeploy test lab: {host.name}",
             f"ListenAddress {host.address}",
@@ -294,6 +304,8 @@ class SshLab:
             # Tests may open many connections and sessions at once.
             "MaxStartups 100:30:200",
             "MaxSessions 100",
+            # One line: sshd takes the first SetEnv and ignores the rest.
+            *(["SetEnv " + " ".join(f"{n}={v}" for n, v in setenv.items())] if setenv else []),
             "",
         ])
 

@@ -33,7 +33,7 @@ def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
     for hp in plan.hosts:
         p = progress[hp.host.name]
         versions = (p.result or {}).get("versions") or {}
-        table.add_row(p.name, hp.env_dir, Text(p.state, style=STATE_STYLES.get(p.state, "")),
-                      f"{p.seconds():.1f}",
+        table.add_row(p.name, plain(p.env or "-"),
+                      Text(p.state, style=STATE_STYLES.get(p.state, "")), f"{p.seconds():.1f}",
                       *(Text(plain(str(versions.get(c) or "-"))) for c in VERSION_COLUMNS))
     return table

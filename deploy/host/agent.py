@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 
-from deploy.host.layout import HOST_ZIP, in_run, task_file
+from deploy.host.envkey import env_python
+from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members
 
@@ -36,9 +37,10 @@ def ends_with_newline(path):
         return f.read(1) == b"\n"
 
 
-def launch(rundir, task, cwd, argv, prefer, variables):
-    """Start the task detached with the environment `variables` on top of this one's
-    (ARGV[0] becomes `prefer` where that exists)."""
+def launch(rundir, task, cwd, argv, requirements, variables):
+    """Start the task detached with the environment `variables` on top of this one's.
+    `requirements`: the sha256 of the payload's requirements.txt (or None); the python of its
+    `inv setup` environment for this host replaces ARGV[0] where that environment exists."""
     # The data directory is the user's (remote) or placed by the data push: made empty here,
     # a mistyped path would train on nothing without a word.
     data = variables.get("TFDEPLOY_DATA_DIR")
@@ -47,8 +49,10 @@ def launch(rundir, task, cwd, argv, prefer, variables):
                          "of the inventory)" % data)
     attempt = int(variables.get("TFDEPLOY_ATTEMPT", "1"))
     set_aside(rundir, task, attempt)
-    if prefer and os.path.isfile(os.path.expanduser(prefer)):
-        argv = [os.path.expanduser(prefer)] + argv[1:]
+    if requirements:
+        prefer = env_python(workdir_of(os.path.expanduser(rundir)), requirements)
+        if os.path.isfile(prefer):
+            argv = [prefer] + argv[1:]
     env = dict(os.environ)
     for key, value in variables.items():
         if key in PATH_VARS:

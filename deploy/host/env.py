@@ -1,10 +1,10 @@
 """Host side of `inv setup`: one virtual environment per requirements file, built beside the
 others and renamed into place. Runs in the run directory of the setup.
 
-    <workdir>/envs/<key>/                 a finished environment (key: deploy/plan/setup.py)
-    <workdir>/envs/<key>/tfdeploy-env.json  written last: requirements hash, python version
+    <workdir>/envs/<name>/                a finished environment (its name: envkey.py)
+    <workdir>/envs/<name>/tfdeploy-env.json  written last: requirements hash, python version
     <rundir>/env-build/                   the environment while it is built; renamed to
-                                          envs/<key> only once pip succeeded, so a half-built
+                                          envs/<name> only once pip succeeded, so a half-built
                                           one is never used (a failed build goes with the run
                                           directory's cleanup)
     <rundir>/build.pid                    {"pid", "pgid", "started"} of the running step (venv,
@@ -12,9 +12,10 @@ others and renamed into place. Runs in the run directory of the setup.
                                           its environment, so that the agent's cleanup (after
                                           Ctrl-C) stops it before it deletes the run directory
 
-Verbs, both `RUNDIR ENVDIR`: `envstatus` answers whether ENVDIR is ready for this
-requirements.txt and this Python; `setup [wheelhouse]` builds it, printing one JSON line per
-step or pip output line, then the result.
+Verbs, both `RUNDIR`: `envstatus` answers whether the environment of the run directory's
+requirements.txt for this host (envkey.env_dir, under the run directory's workdir) is ready;
+`setup [wheelhouse]` builds it, printing one JSON line per step or pip output line, then the
+result. The interpreter running them is the one the environment is built from and keyed by.
 """
 import hashlib
 import json
@@ -24,7 +25,10 @@ import subprocess
 import sys
 import time
 
-from deploy.host.layout import BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run
+from deploy.host.envkey import env_dir
+from deploy.host.layout import (
+    BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run, workdir_of
+)
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 
 MARKER = "tfdeploy-env.json"
@@ -116,7 +120,7 @@ def setup(rundir, envdir, wheelhouse):
         json.dump(want, f)
     os.makedirs(os.path.dirname(envdir), exist_ok=True)
     if os.path.lexists(envdir):
-        # A stale one (other Python, or unfinished): it goes with this run's directory.
+        # A stale one (unfinished, or its marker disagrees): it goes with this run's directory.
         os.rename(envdir, in_run(rundir, ENV_REPLACED))
     os.rename(build, envdir)
     relocate(envdir, build)
@@ -140,11 +144,12 @@ def relocate(envdir, build):
 
 
 def main(verb, args):
-    rundir, envdir = args[0], os.path.expanduser(args[1])
+    rundir = os.path.expanduser(args[0])
     try:
+        envdir = env_dir(workdir_of(rundir), wanted(rundir)["requirements_sha256"])
         if verb == "envstatus":
             return envstatus(rundir, envdir)
-        return setup(rundir, envdir, len(args) > 2 and args[2] == "wheelhouse")
+        return setup(rundir, envdir, args[1:2] == ["wheelhouse"])
     except (SetupError, OSError, ValueError, subprocess.SubprocessError) as exc:
         say(event="error", message=str(exc))
         raise SystemExit(1)

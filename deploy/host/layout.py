@@ -15,7 +15,9 @@
         build.pid                   the running step of `inv setup` (pip)
     <workdir>/cache/files/<sha256>  content cache of payload and data files (kept)
     <workdir>/data/<tree sha256>    a pushed data directory (kept)
-    <workdir>/envs/<key>/           an environment built by `inv setup` (kept)
+    <workdir>/envs/<name>/          an environment built by `inv setup` (kept); its name, of the
+                                    requirements and the host's Python build, machine and libc,
+                                    is computed on the host (envkey.py)
     <workdir>/filesystem.json       {"id", "inode"}: the same id on every host that shares the
                                     workdir's filesystem, so that such hosts get one push
 
@@ -65,8 +67,9 @@ def data_dir(workdir, tree):
     return "%s/%s/%s" % (workdir, DATA, tree)
 
 
-def env_dir(workdir, key):
-    return "%s/%s/%s" % (workdir, ENVS, key)
+def workdir_of(rundir):
+    """The workdir of the run directory <workdir>/runs/<run-id>."""
+    return rundir.rstrip("/").rsplit("/", 2)[0]
 
 
 def task_key(task_type, index):

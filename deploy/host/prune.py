@@ -1,17 +1,20 @@
 """Host side of `inv prune`: free what no run needs any more, inside the workdir's own layout.
 
-    prune(WORKDIR, HOST, KEEP, AGE, dry)    KEEP (JSON with the request): {"files": [sha256...], "envs": [key...],
-                               "runs": [run id...]}, what the controller knows is needed (the
-                               current payload, its environment, the runs it has records of)
+    prune(WORKDIR, HOST, KEEP, AGE, dry)   KEEP (JSON with the request): {"files": [sha256...],
+                               "runs": [run id...], "requirements": [sha256...]}, what the
+                               controller knows is needed (the current payload, the runs it
+                               has records of, and the requirements.txt files of both)
 
 A run directory is deleted when it is not kept, holds no live process here, none of its tasks
 may still run on another host sharing the workdir (a task without an exit file that is not
 this host's), and nothing in it changed for AGE seconds. A cached file goes when no kept run's
 manifest names it, the controller does not keep it, and nothing else links it (a data tree or
-a payload: deleting it would free nothing). An environment goes unless the controller keeps it.
+a payload: deleting it would free nothing). An environment goes unless it was built from kept
+requirements, whichever host built it: hosts sharing the workdir each have their own
+(envkey.py), and a run of another host may need its own.
 
 Only names of the layout are touched (run ids with their run.json, sha256 file names,
-environment keys); symbolic links are never followed. The answer says per kind what went (or
+environment names); symbolic links are never followed. The answer says per kind what went (or
 would go, with `dry`): counts and bytes.
 """
 import collections
@@ -22,6 +25,7 @@ import time
 
 from deploy.host.cache import HEX64
 from deploy.host.check import unsafe_workdir
+from deploy.host.envkey import ENV_NAME, built_from
 from deploy.host.layout import (
     BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUN_ID, RUNS, task_file, task_keys
 )
@@ -29,7 +33,8 @@ from deploy.host.rundir import read_json
 from deploy.host.share import member_tasks
 from deploy.host.teardown import group_members
 
-ENV_KEY = re.compile(r"^[0-9a-f]{16,64}$")
+# How earlier versions of tfdeploy named environments: freed, since nothing looks for them.
+OLD_ENV_NAME = re.compile(r"^[0-9a-f]{16}$")
 
 
 def tree_bytes(path):
@@ -146,7 +151,8 @@ def prune(workdir, host, keep, age, dry, now=None):
     envs = os.path.join(workdir, ENVS)
     for name in sorted(os.listdir(envs)) if os.path.isdir(envs) else []:
         path = os.path.join(envs, name)
-        if not ENV_KEY.match(name) or name in keep.get("envs", []) or os.path.islink(path) \
+        if not (ENV_NAME.match(name) or OLD_ENV_NAME.match(name)) \
+                or built_from(name, keep.get("requirements", [])) or os.path.islink(path) \
                 or not os.path.isdir(path):
             continue
         freed["envs"][0] += 1

@@ -24,7 +24,7 @@ import tarfile
 import threading
 import time
 
-from deploy.host import agent, cache, check, data, prune, teardown
+from deploy.host import agent, cache, check, data, envkey, prune, teardown
 from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, in_run
 from deploy.host.main import parse_offsets, task_arg
@@ -92,10 +92,12 @@ def expanded(request):
 
 
 def probe(args, body):
-    """The probe, by the environment's interpreter where `inv setup` built one (what the
-    tasks will run: its package versions count), else by this one."""
-    workdir, count, data_dir, env_python = args
+    """The probe, by this host's `inv setup` environment's interpreter where one was built for
+    the requirements named (what the tasks will run: its package versions count), else by
+    this one."""
+    workdir, count, data_dir, requirements = args
     data_dir = data_dir or None
+    env_python = envkey.env_python(workdir, requirements) if requirements else None
     if env_python and os.access(env_python, os.X_OK):
         done = subprocess.run([env_python, "-I", "-", "probe", workdir, count] +
                               ([data_dir] if data_dir else []), input=body,

@@ -68,15 +68,17 @@ def tf_label(host: Host) -> str:
     return f"{host.name} ({host.tf_address})"
 
 
-def probe_request(host: Host, env_python: str | None = None) -> Request:
-    """The probe, asked of the host's agent. With `env_python` (the environment of `inv
-    setup`), that interpreter answers where it exists, since it is what the tasks will run; it
-    reads deploy/host/check.py on its stdin, which comes with the request."""
+def probe_request(host: Host, env_requirements: str | None = None) -> Request:
+    """The probe, asked of the host's agent. With `env_requirements` (the environment of `inv
+    setup` for that requirements.txt), that environment's python answers where it exists on
+    the host (its name is the host's to compute, deploy/host/envkey.py), since it is what the
+    tasks will run; it reads deploy/host/check.py, which comes with the request."""
     data = HostPath(host.data.path) if host.data is not None and host.data.kind == "remote" \
         else ""                                  # tasks will read it: can they?
     return Request("probe", (HostPath(host.workdir), str(ports_to_probe(host)), data,
-                             HostPath(env_python) if env_python else ""),
-                   body="deploy/host/check.py, for the environment's python" if env_python else "")
+                             env_requirements or ""),
+                   body="deploy/host/check.py, for the environment's python"
+                   if env_requirements else "")
 
 
 def mesh_requests(spec: dict) -> tuple[Request, Request, Request]:

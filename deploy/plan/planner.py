@@ -4,12 +4,12 @@ the tests compare it with golden files.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Mapping
 
 from deploy.host import layout
+from deploy.host.envkey import env_python
 from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
@@ -27,6 +27,9 @@ def agent_command(host: Host) -> Command:
     return Command((HostPath(host.python), "-I", "-c", AGENT_BOOT),
                    stdin="deploy/host/boot.py and the host package, each headed by its length; "
                          "then requests")
+
+# Where a plan shows an environment's host key, which only the host computes.
+HOST_KEY_SHOWN = "<host key>"
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,19 @@ class HostPlan:
     push: Request
     ports: Request
     tasks: tuple[TaskPlan, ...]
-    env_python: str | None = None     # used when it exists on the host, else host.python
+    # sha256 of the requirements.txt whose `inv setup` environment the tasks prefer (None: the
+    # host's python); the host resolves which environment is its own (deploy/host/envkey.py).
+    env_requirements: str | None = None
     data_dir: str | None = None       # TFDEPLOY_DATA_DIR of its tasks
     data_push: Request | None = None  # local data: the push of its files
+
+    @property
+    def env_python(self) -> str | None:
+        """The interpreter the tasks prefer, as the plan shows it: its host key is computed
+        on the host."""
+        if self.env_requirements is None:
+            return None
+        return env_python(self.host.workdir, self.env_requirements, key=HOST_KEY_SHOWN)
 
 
 @dataclass(frozen=True)
@@ -133,18 +146,12 @@ def cache_dir(host: Host) -> str:
     return layout.cache_dir(host.workdir)
 
 
-def env_dir(host: Host, requirements_sha256: str) -> str:
-    """Where `inv setup` builds the host's environment for one requirements.txt."""
-    key = hashlib.sha256(f"{requirements_sha256}\0{host.python}".encode()).hexdigest()[:16]
-    return layout.env_dir(host.workdir, key)
-
-
-def env_python(host: Host, requirements_sha256: str | None) -> str | None:
-    """The interpreter tasks prefer: the setup environment's, unless the inventory names the
-    host's own `python` (or the payload has no requirements.txt)."""
+def env_requirements(host: Host, requirements_sha256: str | None) -> str | None:
+    """Whether tasks prefer an `inv setup` environment, named by its requirements.txt: not
+    when the inventory names the host's own `python`, nor without a requirements.txt."""
     if host.own_python or not requirements_sha256:
         return None
-    return f"{env_dir(host, requirements_sha256)}/bin/python"
+    return requirements_sha256
 
 
 def host_agent(host: Host, rundir: str, verb: str, *args: str,
@@ -318,7 +325,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
     host_plans = []
     for host in inventory.hosts:
         rundir = run_dir(host, run_id)
-        envpy = env_python(host, options.requirements_sha256)
+        requirements = env_requirements(host, options.requirements_sha256)
         tasks = []
         for slot in range(host.workers):
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
@@ -329,7 +336,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             env = task_env(host, run_id, rundir, config, type_index, workers, gpus,
                            options.backup, host.role)
             launch = run_request(rundir, "launch", key, HostPath(in_run(rundir, layout.PAYLOAD)),
-                                 *([HostPath(envpy)] if envpy else []),
+                                 *([requirements] if requirements else []),
                                  tail=(HostPath(host.python), options.entry, *options.args),
                                  env=env)
             tasks.append(TaskPlan(
@@ -344,5 +351,5 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                 body="tar.gz of run.json, the host package and the payload manifest; after the "
                       "host's answer, the files it lacks, each headed by its sha256"),
             ports=Request("ports", (str(ports_to_probe(host)),)),
-            tasks=tuple(tasks), env_python=envpy, **data_commands(host, rundir)))
+            tasks=tuple(tasks), env_requirements=requirements, **data_commands(host, rundir)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

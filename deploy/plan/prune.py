@@ -6,20 +6,20 @@ from dataclasses import dataclass
 
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
-from deploy.plan.planner import env_dir
 
 @dataclass(frozen=True)
 class Keep:
-    """What no prune may free: the current payload's files and environment, and the runs the
-    controller has live records of (with their environments)."""
+    """What no prune may free: the current payload's files and environments, and the runs the
+    controller has live records of (with their environments). Environments are named by their
+    requirements: which of them is a host's own, only that host knows (deploy/host/envkey.py),
+    and a host sharing the workdir keeps the others' too."""
     files: frozenset[str] = frozenset()
     runs: frozenset[str] = frozenset()
     requirements: frozenset[str] = frozenset()    # sha256 of requirements.txt files
 
-    def document(self, host: Host) -> bytes:
-        envs = sorted(env_dir(host, r).rsplit("/", 1)[1] for r in self.requirements)
+    def document(self) -> bytes:
         return json.dumps({"files": sorted(self.files), "runs": sorted(self.runs),
-                           "envs": envs}).encode()
+                           "requirements": sorted(self.requirements)}).encode()
 
 
 def prune_request(host: Host, older_than: float, dry_run: bool) -> Request:

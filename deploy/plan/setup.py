@@ -1,10 +1,11 @@
-"""The commands of `inv setup` on every host. Pure, like planner.py, whose env_dir() says
-where each environment lives (so `inv train` finds it by the same computation).
+"""The commands of `inv setup` on every host. Pure, like planner.py.
 
-An environment is keyed by the payload's requirements.txt and the host's base Python command,
-so an unchanged file reuses it and a changed one gets a new one beside it. The Python *version*
-is checked on the host (tfdeploy-env.json): a host whose python3 was upgraded rebuilds in place
-of the old one.
+An environment is named by the payload's requirements.txt and the host's Python build, machine
+and libc, computed on the host by the interpreter that builds it (deploy/host/envkey.py; `inv
+train`'s launch and `inv check`'s probe find it by the same function): an unchanged file
+reuses it, a changed one gets a new one beside it, and so does a host whose python3 was
+upgraded or that shares the workdir but runs another build. The host answers where its
+environment is.
 """
 from __future__ import annotations
 
@@ -13,14 +14,13 @@ from dataclasses import dataclass
 from deploy.host.layout import WHEELHOUSE
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Command, HostPath, Shell
-from deploy.plan.planner import cleanup_command, env_dir, host_agent, run_dir
+from deploy.plan.planner import cleanup_command, host_agent, run_dir
 
 
 @dataclass(frozen=True)
 class HostSetup:
     host: Host
     run_dir: str
-    env_dir: str
     status: Command
     wheels: Command
     build: Command
@@ -33,22 +33,20 @@ class SetupPlan:
     hosts: tuple[HostSetup, ...]
 
 
-def plan_setup(inventory: Inventory, requirements_sha256: str, run_id: str,
-               wheelhouse: bool) -> SetupPlan:
+def plan_setup(inventory: Inventory, run_id: str, wheelhouse: bool) -> SetupPlan:
+    """The host finds the requirements.txt the status command unpacks into the run directory."""
     plans = []
     for host in inventory.hosts:
         rundir = run_dir(host, run_id)
-        envdir = env_dir(host, requirements_sha256)
         into = HostPath(rundir)
-        status = host_agent(host, rundir, "envstatus", HostPath(envdir))
+        status = host_agent(host, rundir, "envstatus")
         plans.append(HostSetup(
-            host=host, run_dir=rundir, env_dir=envdir,
+            host=host, run_dir=rundir,
             status=Command(("mkdir", "-p", into, Shell("&&"), "tar", "-xzf", "-", "-C", into,
                             Shell("&&"), *status.argv),
                            stdin="tar.gz of run.json, the host package and requirements.txt"),
             wheels=Command(("tar", "-xf", "-", "-C", into), stdin="tar of the wheelhouse"),
-            build=host_agent(host, rundir, "setup", HostPath(envdir),
-                             *([WHEELHOUSE] if wheelhouse else [])),
+            build=host_agent(host, rundir, "setup", *([WHEELHOUSE] if wheelhouse else [])),
             cleanup=cleanup_command(host, rundir, 1.0)))
     return SetupPlan(run_id, tuple(plans))
 

@@ -20,7 +20,7 @@ from deploy.plan.checks import (
     HOSTCHECK_SOURCE, CheckReport, HostCheck, assign_task_ports, judge_mesh, judge_probe,
     mesh_specs, probe_request, version_problems
 )
-from deploy.plan.planner import env_python
+from deploy.plan.planner import env_requirements
 from deploy.run.mesh import probe_mesh
 from deploy.ssh.session import Session, gather
 
@@ -47,9 +47,9 @@ def run_checks(inventory: Inventory, session: Session,
     source = HOSTCHECK_SOURCE.read_bytes()
 
     def ask(c: HostCheck):
-        env = env_python(c.host, requirements_sha256)
-        return session.agents[c.host.name].ask(probe_request(c.host, env), "probe",
-                                               source if env else b"")
+        requirements = env_requirements(c.host, requirements_sha256)
+        return session.agents[c.host.name].ask(probe_request(c.host, requirements), "probe",
+                                               source if requirements else b"")
     answers, errors = gather({c.host.name: ask(c) for c in connected}, PROBE_TIMEOUT)
     for c in connected:
         if c.host.name in errors:

@@ -55,7 +55,7 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
                     raise errors[host.name]
                 freed = session.agents[host.name].ask(
                     prune_request(host, older_than, dry_run), "prune",
-                    keep.document(host)).wait(600)
+                    keep.document()).wait(600)
             finally:
                 session.close()
         except TfdeployError as exc:    # reported with its host; the others are still pruned

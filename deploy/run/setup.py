@@ -71,7 +71,7 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
     wheels = wheel_files(wheelhouse) if wheelhouse else []
     data = requirements.read_bytes()
     run_id = "setup-" + new_run_id()
-    plan = plan_setup(inventory, hashlib.sha256(data).hexdigest(), run_id, bool(wheels))
+    plan = plan_setup(inventory, run_id, bool(wheels))
     console.print(f"setup: environment for {requirements} on {len(plan.hosts)} host(s)"
                   + (f", installing from {len(wheels)} file(s) of {wheelhouse}" if wheels else ""),
                   highlight=False)
@@ -115,6 +115,7 @@ def _run(session: Session, plan: SetupPlan, stage_tar: bytes, wheels: list[Path]
     todo = []
     for hp in plan.hosts:
         p = progress[hp.host.name]
+        p.env = status[hp.host.name]["env"]      # where this host keeps its environment
         if status[hp.host.name]["ready"]:
             p.state, p.line, p.ended = "reused", "environment exists: reused", time.monotonic()
             p.result = {"reused": True, **status[hp.host.name]}

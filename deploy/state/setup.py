@@ -15,6 +15,7 @@ class HostProgress:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     result: dict | None = None
+    env: str | None = None           # the environment's directory, as the host named it
     tail: list[str] = field(default_factory=list)
 
     def seconds(self) -> float:

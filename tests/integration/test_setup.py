@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,10 +18,13 @@ import pytest
 import yaml
 
 from procs import processes_of_run, wait_until_gone
+from sshlab import SshLab
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+# The PATH of a command run by sshd for root, which SetEnv replaces (OpenSSH's SUPERUSER_PATH).
+SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def inv(*args: str) -> subprocess.CompletedProcess:
@@ -114,7 +118,9 @@ def test_setup_builds_reuses_and_rebuilds_on_change(setup_lab, tmp_path):
         log = (run_dir / f"worker-{i}.log").read_text()
         assert f"ran with {built[name]}/bin/python tinypkg 1.0" in log, log
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert [h["env_python"] for h in plan["hosts"]] == [f"{built[n]}/bin/python" for n in built]
+    # The plan names each environment by its requirements; the host key is the host's.
+    assert [h["env_python"] for h in plan["hosts"]] == [
+        f"{built[n].parent}/{built[n].name.split('-')[0]}-<host key>/bin/python" for n in built]
     dry = inv("train", "--hosts", str(inventory), "--payload", str(payload), "--dry-run")
     assert dry.stdout.count("if `inv setup` built it, else python3") == 2, dry.stdout
 
@@ -198,3 +204,86 @@ def test_ctrl_c_during_setup_stops_pip_on_every_host_and_removes_the_setup_dirs(
     assert wait_until_gone(setup_dir, timeout=5) == []
     for work in workdirs.values():
         assert list((work / "runs").iterdir()) == [] and envs(work) == []
+
+
+def other_python(than: str) -> str:
+    """An interpreter of another build than `than` (a realpath): Debian's python3, the tests'
+    own base interpreter, or PyPy, whichever is here and differs."""
+    for candidate in ("/usr/bin/python3", sys._base_executable, shutil.which("pypy3")):
+        if candidate and os.path.exists(candidate) and os.path.realpath(candidate) != than:
+            return os.path.realpath(candidate)
+    pytest.fail(f"needs a second Python build beside {than}: Debian's python3 with "
+                "python3-venv (.ci/run installs it), or pypy3 with pypy3-venv", pytrace=False)
+
+
+def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(tmp_path):
+    """Two sshd hosts share one workdir (an NFS home) and both run `python3`, but on h2 that
+    is another Python build, put first on its PATH by sshd's SetEnv (with PYENV_VERSION=system,
+    so that a pyenv set up by the shell's startup files defers to that PATH). Each host names
+    its environment by its own build (deploy/host/envkey.py): two environments of one
+    requirements.txt side by side, neither replacing the other, each host's probe and task run
+    by its own, both kept by a prune that keeps the payload and freed by one that does not. `inv
+    setup` runs host by host: hosts sharing a workdir are not coordinated when they set up at
+    once (docs/shared-homes.md)."""
+    wheelhouse = tmp_path / "wheelhouse"
+    build_wheel(tmp_path, "1.0", wheelhouse)
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "requirements.txt").write_text("tinypkg==1.0\n")
+    (payload / "train.py").write_text(
+        "import sys, tinypkg\nprint('ran with', sys.executable, 'tinypkg', tinypkg.VERSION)\n")
+    with SshLab(tmp_path / "lab") as lab:
+        def inventory(name: str, *members) -> Path:
+            doc = yaml.safe_load(lab.inventory_yaml(lab.sharing_workdir(members, name="home")))
+            del doc["defaults"]["python"]          # `python3` on each host, its own
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            return path
+
+        def setup(path: Path) -> str:
+            done = inv("setup", "--hosts", str(path), "--payload", str(payload),
+                       "--wheelhouse", str(wheelhouse))
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        (h1,) = lab.start(1)
+        workdir = lab.sharing_workdir([h1], name="home")[0].workdir
+        assert "setup: 1 built of 1 host(s)" in setup(inventory("h1", h1))
+        (first,) = envs(workdir)
+        base = json.loads((first / "tfdeploy-env.json").read_text())["base"]
+        bindir = tmp_path / "other-python"
+        bindir.mkdir()
+        (bindir / "python3").symlink_to(other_python(base))
+        (h2,) = lab.start(1, setenv={"PATH": f"{bindir}:{SSHD_PATH}", "PYENV_VERSION": "system"})
+        assert "setup: 1 built of 1 host(s)" in setup(inventory("h2", h2))  # not h1's env
+        (second,) = [e for e in envs(workdir) if e != first]
+        assert json.loads((second / "tfdeploy-env.json").read_text())["base"] == \
+            os.path.realpath(bindir / "python3")
+        assert second.name.split("-")[0] == first.name.split("-")[0]      # one requirements.txt
+        assert import_version(first) == import_version(second) == "1.0"
+        assert "setup: 1 reused of 1 host(s)" in setup(inventory("h1", h1))  # left in place
+
+        both = inventory("both", h1, h2)
+        # The probe of `inv check` runs each host's own environment (which lacks TensorFlow).
+        checked = inv("check", "--hosts", str(both), "--payload", str(payload))
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        for env in (first, second):
+            assert f"tensorflow is not installed for {env}/bin/python" in checked.stdout, \
+                checked.stdout
+        runs = tmp_path / "runs"
+        trained = inv("train", "--hosts", str(both), "--payload", str(payload),
+                      "--runs-dir", str(runs), "--start-timeout", "0", "--no-check")
+        assert trained.returncode == 0, trained.stdout + trained.stderr
+        (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+        for task, env in enumerate((first, second)):
+            log = (run_dir / f"worker-{task}.log").read_text()
+            assert f"ran with {env}/bin/python tinypkg 1.0" in log, log
+
+        kept = inv("prune", "--hosts", str(both), "--payload", str(payload),
+                   "--runs-dir", str(runs))
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        assert envs(workdir) == sorted([first, second])
+        freed = inv("prune", "--hosts", str(both), "--runs-dir", str(runs))
+        assert freed.returncode == 0, freed.stdout + freed.stderr
+        assert "h1: freed" in freed.stdout and "2 environment(s)" in freed.stdout, freed.stdout
+        assert envs(workdir) == []

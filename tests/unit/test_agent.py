@@ -24,6 +24,7 @@ import pytest
 
 import hostpkg
 from deploy.host import env as hostenv
+from deploy.host import envkey
 from deploy.host.serve import WINDOW
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
@@ -122,13 +123,19 @@ def test_launch_records_exit_code_and_log(host, rundir, run_id):
 
 @pytest.mark.parametrize("exists", [True, False])
 def test_launch_prefers_the_setup_env_python_when_it_exists(host, rundir, tmp_path, exists):
-    """`inv setup`'s interpreter replaces ARGV[0] when present; else the host's python runs."""
-    envpy = tmp_path / "envs" / "k" / "bin" / "python"
+    """`inv setup`'s interpreter for these requirements on this host (envkey.py) replaces
+    ARGV[0] when present; else the host's python runs. Another host's environment of the same
+    requirements, in the same workdir, is not used."""
+    requirements = "c" * 64
+    other = Path(envkey.env_python(str(tmp_path / "work"), requirements, key="f" * 16))
+    other.parent.mkdir(parents=True)
+    other.symlink_to(sys.executable)
+    envpy = Path(envkey.env_python(str(tmp_path / "work"), requirements))
     if exists:
         envpy.parent.mkdir(parents=True)
         envpy.symlink_to(sys.executable)
     launch(host, rundir, 0, sys.executable, "-c", "import sys; print(sys.executable)",
-           prefer=str(envpy))
+           prefer=requirements)
     status = poll_until_ended(host, rundir, 0)
     assert status["code"] == 0
     ran = status["data"].decode().strip()

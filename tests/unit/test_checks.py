@@ -8,10 +8,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import hostpkg
+from deploy.host.envkey import env_python
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, MIN_DISK_FREE, PUSH_MARGIN_BYTES, CheckReport, HostCheck,
@@ -68,22 +70,28 @@ def test_probe_and_mesh_requests_are_shown_quoted_and_carry_their_words_literall
     assert listen.shown().startswith("agent: mesh-listen '{") and "$(id)" in listen.shown()
     assert json.loads(listen.wire()["args"][0]) == spec and listen.wire()["home"] == []
     assert (dial.shown(), close.shown()) == ("agent: mesh-dial", "agent: mesh-close")
-    # With `inv setup`'s environment, its interpreter is a path on the host, and the probe's
-    # source comes with the request for it to run.
-    probe_env = probe_request(host, "~/envs/k/bin/python")
-    assert probe_env.wire()["home"] == [0, 3] and probe_env.body
+    # With `inv setup`'s environment, named by its requirements (the host computes which one
+    # is its own), the probe's source comes with the request for that interpreter to run.
+    probe_env = probe_request(host, "e" * 64)
+    assert probe_env.wire()["args"][3] == "e" * 64 and probe_env.wire()["home"] == [0]
+    assert probe_env.body
 
 
 @pytest.mark.parametrize("env_exists", [True, False])
 def test_the_probe_runs_the_setup_environment_where_it_exists(agent, tmp_path, env_exists):
-    """The tasks run `inv setup`'s interpreter when it exists, so that one is probed."""
-    env = tmp_path / "env dir" / "python"
-    if env_exists:
-        env.parent.mkdir()
-        env.symlink_to(sys.executable)
-    host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
+    """The tasks run `inv setup`'s interpreter when it exists, so that one is probed: this
+    host's, named on the host (envkey.py), not another one's of the same requirements in a
+    shared workdir."""
+    requirements = "d" * 64
+    workdir = tmp_path / "work dir"
+    for key in ["f" * 16] + ([None] if env_exists else []):
+        path = Path(env_python(str(workdir), requirements, key=key))
+        path.parent.mkdir(parents=True)
+        path.symlink_to(sys.executable)
+    env = env_python(str(workdir), requirements)
+    host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{workdir}',"
                      f" python: '{sys.executable}'}}\n").hosts[0]
-    answer = agent.agent.ask(probe_request(host, str(env)), "probe",
+    answer = agent.agent.ask(probe_request(host, requirements), "probe",
                              HOSTCHECK_SOURCE.read_bytes()).wait(60)
     assert answer["executable"] == (str(env) if env_exists else sys.executable)
 

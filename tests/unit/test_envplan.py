@@ -1,17 +1,21 @@
 """Where `inv setup` builds environments and how `inv train` finds them; pure planning, plus
-the host-side pieces that need no network (ready check, relocation, launch preference)."""
+the host-side pieces that need no network (the environment's name from the host's facts,
+ready check, relocation)."""
 from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 
 import pytest
 
 from deploy.host import env as hostenv
+from deploy.host import envkey
+from deploy.host.envkey import env_dir, env_name, env_python, host_facts, host_key
 from deploy.inventory.load import parse_inventory
-from deploy.plan.planner import Options, env_dir, env_python, plan_run
+from deploy.plan.planner import Options, plan_run
 from deploy.plan.setup import plan_setup
 from deploy.plan.text import plan_document, plan_text
 
@@ -35,29 +39,70 @@ def inventory():
     return parse_inventory(INVENTORY, "h.yaml", environ={})
 
 
-def test_env_dir_is_keyed_by_requirements_and_python(inventory):
-    plain, pinned, other = inventory.hosts
-    assert env_dir(plain, REQ).startswith("~/.tfdeploy/envs/")
-    assert env_dir(other, REQ).startswith("/scratch/tf/envs/")
-    assert env_dir(plain, REQ) != env_dir(plain, "b" * 64)        # a changed file: a new env
-    assert env_dir(plain, REQ).rsplit("/", 1)[1] != env_dir(pinned, REQ).rsplit("/", 1)[1]
-    assert env_dir(plain, REQ) == env_dir(plain, REQ)
+FACTS = {"python": "3.11.7 (main, May  9 2026, 07:35:25) [GCC 12.2.0]", "cache_tag": "cpython-311",
+         "abi": [".cpython-311-x86_64-linux-gnu.so", ".abi3.so", ".so"],
+         "base": "/usr/bin/python3.11", "system": "Linux", "machine": "x86_64",
+         "libc": "glibc 2.36"}
+
+
+def test_the_host_key_is_the_same_for_the_same_facts_only():
+    assert host_key(FACTS) == host_key(dict(FACTS)) == host_key(dict(reversed(FACTS.items())))
+    others = [
+        dict(FACTS, machine="aarch64",
+             abi=[".cpython-311-aarch64-linux-gnu.so", ".abi3.so", ".so"]),   # another arch
+        dict(FACTS, machine="aarch64"),                               # the machine alone
+        dict(FACTS, libc=" ", abi=[".cpython-311-x86_64-linux-musl.so", ".abi3.so", ".so"]),
+        dict(FACTS, libc="glibc 2.31"),                               # an older glibc
+        dict(FACTS, python="3.11.9 (main, Apr  2 2024, 08:00:00) [GCC 12.2.0]"),   # a patch
+        dict(FACTS, python="3.11.7 (main, Jan  1 2026, 00:00:00) [Clang 16.0.0]"),  # a rebuild
+        dict(FACTS, cache_tag="pypy39", abi=[".pypy39-pp73-x86_64-linux-gnu.so", ".so"]),
+        dict(FACTS, abi=[".cpython-311t-x86_64-linux-gnu.so", ".so"]),    # free-threaded
+        dict(FACTS, base="/opt/python/bin/python3.11"),               # another install
+    ]
+    keys = {host_key(f) for f in others}
+    assert len(keys) == len(others) and host_key(FACTS) not in keys
+    assert all(len(k) == 16 and set(k) <= set("0123456789abcdef") for k in keys)
+
+
+def test_host_facts_are_this_interpreters():
+    facts = host_facts()
+    assert facts["python"] == sys.version and facts["cache_tag"] == sys.implementation.cache_tag
+    assert facts["machine"] == platform.machine()
+    assert facts["libc"] == os.confstr("CS_GNU_LIBC_VERSION")          # a glibc machine
+    assert facts["base"] == os.path.realpath(sys.executable)
+    assert host_key() == host_key(facts)
+    assert json.loads(json.dumps(facts)) == facts       # what is hashed is all of it
+
+
+def test_env_dir_is_keyed_by_requirements_and_the_host(inventory):
+    plain, _, other = inventory.hosts
+    key = host_key()
+    assert env_dir(plain.workdir, REQ) == f"~/.tfdeploy/envs/{REQ[:16]}-{key}"
+    assert env_dir(other.workdir, REQ).startswith("/scratch/tf/envs/")
+    assert env_dir(plain.workdir, REQ) != env_dir(plain.workdir, "b" * 64)   # a new file: a new env
+    assert env_name(REQ) != env_name(REQ, host_key(dict(FACTS, machine="aarch64")))
+    assert env_dir(plain.workdir, REQ) == env_dir(plain.workdir, REQ)
+    assert env_python(plain.workdir, REQ) == env_dir(plain.workdir, REQ) + "/bin/python"
+    with pytest.raises(ValueError):
+        env_name("../" + "a" * 61)                  # it becomes a path: only a sha256 will do
+    assert envkey.built_from(env_name(REQ), [REQ]) and envkey.built_from(env_name(REQ, "f" * 16),
+                                                                        [REQ])
+    assert not envkey.built_from(env_name(REQ), ["b" * 64]) and not envkey.built_from("mine", [REQ])
 
 
 def test_train_prefers_the_env_unless_the_host_names_its_python(inventory):
-    plain, pinned, other = inventory.hosts
-    assert env_python(plain, REQ) == env_dir(plain, REQ) + "/bin/python"
-    assert env_python(pinned, REQ) is None
-    assert env_python(plain, None) is None                      # no requirements.txt
     plan = plan_run(inventory, Options(requirements_sha256=REQ), RUN_ID)
     a, b, c = plan.hosts
-    assert f" launch {a.run_dir} 0 {a.run_dir}/payload {env_python(plain, REQ)} -- python3 " \
+    assert (a.env_requirements, b.env_requirements) == (REQ, None)
+    assert a.env_python == f"~/.tfdeploy/envs/{REQ[:16]}-<host key>/bin/python"
+    assert f" launch {a.run_dir} 0 {a.run_dir}/payload {REQ} -- python3 " \
         in a.tasks[0].launch.shown()
-    assert a.tasks[0].launch.args[3] == env_python(plain, REQ)        # a path on the host
-    assert 3 in a.tasks[0].launch.wire()["home"]
-    assert " launch " in b.tasks[0].launch.shown() and "envs/" not in b.tasks[0].launch.shown()
+    assert a.tasks[0].launch.args[3] == REQ
+    assert " launch " in b.tasks[0].launch.shown() and REQ not in b.tasks[0].launch.shown()
+    assert plan_run(inventory, Options(), RUN_ID).hosts[0].env_python is None   # no requirements
     text = plan_text(plan)
-    assert (f"  python: {env_python(plain, REQ)} if `inv setup` built it, else python3"
+    assert (f"  python: {a.env_python} if `inv setup` built it, else python3 (<host key>: of "
+            "the host's Python build, machine and libc, resolved on the host)"
             in text.splitlines())
     assert text.count("if `inv setup` built it") == 2           # not for the pinned host
     doc = plan_document(plan)
@@ -65,16 +110,16 @@ def test_train_prefers_the_env_unless_the_host_names_its_python(inventory):
 
 
 def test_setup_plan_commands(inventory):
-    plan = plan_setup(inventory, REQ, "setup-" + RUN_ID, wheelhouse=True)
+    plan = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=True)
     plain = plan.hosts[0]
     assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}"
     assert plain.status.line.startswith(f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
-    assert plain.status.line.endswith(f" envstatus {plain.run_dir} {plain.env_dir}")
-    assert plain.build.line.endswith(f" setup {plain.run_dir} {plain.env_dir} wheelhouse")
+    assert plain.status.line.endswith(f" envstatus {plain.run_dir}")
+    assert plain.build.line.endswith(f" setup {plain.run_dir} wheelhouse")
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"
     assert f" cleanup {plain.run_dir} " in plain.cleanup.line
-    bare = plan_setup(inventory, REQ, "setup-" + RUN_ID, wheelhouse=False).hosts[0]
-    assert bare.build.line.endswith(f" setup {plain.run_dir} {plain.env_dir}")
+    bare = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=False).hosts[0]
+    assert bare.build.line.endswith(f" setup {plain.run_dir}")
 
 
 def fake_env(root: Path, want: dict) -> Path:

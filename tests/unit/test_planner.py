@@ -133,7 +133,8 @@ CASES = {
     "lab": (LAB, None, Options(args=("--epochs", "5", "--note", "it's $(fine)"), backup=True)),
     "lab_ports": (LAB, LAB_PORTS, Options(entry="main.py")),
     "gpus": (GPUS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
-    "data": (DATA, None, Options()),
+    # With a requirements.txt: tasks prefer the `inv setup` environment each host resolves.
+    "data": (DATA, None, Options(requirements_sha256="5e" * 32)),
     "jump": (JUMP, {0: 20000, 1: 20001}, Options()),
     "ipv6": (IPV6, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
     "ps": (PS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options(args=("--strategy", "ps"))),

@@ -17,6 +17,7 @@ from deploy.host import cache as hostcache
 from deploy.host import prune as hostprune
 from deploy.host import share, teardown
 from deploy.host.check import unsafe_workdir
+from deploy.host.envkey import env_name
 from deploy.inventory.load import parse_inventory
 from deploy.plan.prune import Keep, prune_request
 from deploy.ssh.agent import StepFailed
@@ -158,11 +159,26 @@ def test_host_prune_keeps_young_runs_and_what_they_need(tmp_path):
     assert (cache / "files" / files[0].sha256).exists()
 
 
+def test_host_prune_keeps_every_hosts_env_of_kept_requirements(tmp_path):
+    """Hosts sharing the workdir may each have an environment of one requirements.txt (their
+    Python builds differ): all of them stay while those requirements are kept, whichever host
+    prunes; the environments of other requirements go."""
+    work = tmp_path / "work"
+    kept, other = "1a" * 32, "2b" * 32
+    names = {(r, key): env_name(r, key) for r in (kept, other) for key in ("0" * 16, "f" * 16)}
+    for name in names.values():
+        (work / "envs" / name / "bin").mkdir(parents=True)
+    freed = hostprune.prune(str(work), "h1", {"requirements": [kept]}, DAY, dry=False)
+    assert freed["envs"]["count"] == 2
+    assert sorted(os.listdir(work / "envs")) == sorted(
+        name for (r, _), name in names.items() if r == kept)
+
+
 def test_host_prune_is_asked_of_the_agent_and_refuses_an_unsafe_workdir(tmp_path):
     _, files, cache = cached_run(tmp_path)
     work = tmp_path / "work"
     host = hostpkg.local_host(str(work))
-    keep = Keep().document(host)
+    keep = Keep().document()
     with hostpkg.LocalAgent(host) as agent:
         dry = agent.agent.ask(prune_request(host, 0, dry_run=True), "prune", keep).wait(30)
         assert dry["files"]["count"] == 1 and (cache / "files" / files[0].sha256).exists()
