@@ -6,7 +6,8 @@ Each verb prints one JSON document on stdout (setup: a stream of JSON lines).
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
     cleanup RUNDIR GRACE [HOST]         stop, then delete the run directory once no other host
                                         sharing it (the same workdir) uses it
-    envstatus|setup RUNDIR ENVDIR [wheelhouse]              inv setup's environment (env.py)
+    envstatus|setup RUNDIR [wheelhouse]     inv setup's environment for the run directory's
+                                        requirements.txt on this host (env.py, envkey.py)
 """
 import json
 import os
