@@ -4,7 +4,6 @@ planner's launch command and the agent, into a tiny entry that prints its argv a
 They must arrive literally and never be executed."""
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import os
@@ -70,7 +69,7 @@ def run_remotely(session: Session, host, payload: Path, args, env, workdir: str)
         while time.monotonic() < deadline:
             answers, errors = session.poll(plan, {0: len(log)})
             assert not errors, errors
-            log += base64.b64decode(answers[0]["data"])
+            log += answers[0]["data"]
             if answers[0]["state"] == "exited" and answers[0]["offset"] >= answers[0]["size"]:
                 assert answers[0]["code"] == 0, log
                 return json.loads(log.decode().strip().splitlines()[-1])
