@@ -80,7 +80,7 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
         say(console, f"note: {', '.join(pinned)} name their own python in {inventory.path}: "
                      "inv train runs that, not this environment", "yellow")
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
-        session = Session.open(inventory, connect_timeout, accept_new_host_keys)
+        session = Session.open(inventory, connect_timeout, accept_new_host_keys, agents=False)
     progress = {hp.host.name: HostProgress(hp.host.name) for hp in plan.hosts}
     try:
         _run(session, plan, stage(run_id, data), wheels, progress, console)

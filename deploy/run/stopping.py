@@ -1,6 +1,7 @@
-"""Stopping every task of a run: through the live followers when there are (the agent is
-already running on each host and acts at once), and by a command of its own for a host
-whose follower cannot be asked or does not answer in time.
+"""Stopping every task of a run: a stop request to every host's agent while the run is
+followed (its answer comes with the followers' events, and the main loop goes on reading
+them), and a stop awaited on its own (Session.stop) for a host whose agent cannot be asked
+or does not answer in time.
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import time
 from deploy.run.follow import Followers
 from deploy.run.run import Run
 
-# Seconds beyond the grace period to wait for a follower's answer to a stop before stopping
-# that host with a command of its own.
+# Seconds beyond the grace period to wait for a host's answer to a stop before asking that
+# host again and awaiting the answer (Session.stop).
 STOP_ANSWER_SLACK = 10.0
 
 
@@ -41,7 +42,7 @@ class Stopper:
                                      f"SIGKILL: {pids}")
 
     def stop_unanswered(self, force: bool = False) -> None:
-        """A host whose follower did not answer a stop in time is stopped by a command."""
+        """A host that did not answer a stop in time is asked again, the answer awaited."""
         limit = self.run.plan.options.grace + STOP_ANSWER_SLACK
         late = [h for h, asked in self.pending.items()
                 if force or time.monotonic() - asked > limit]
@@ -58,7 +59,7 @@ class Stopper:
     def wait_for_answers(self, take) -> None:
         """After Ctrl-C: wait for the hosts' answers (the loop that would read them is being
         left), passing on the followers' other events to `take`; a host that does not answer
-        in time is stopped by a command. Sets run.stopped_clean."""
+        in time is asked again, the answer awaited. Sets run.stopped_clean."""
         deadline = time.monotonic() + self.run.plan.options.grace + STOP_ANSWER_SLACK
         while self.pending and time.monotonic() < deadline:
             event = self.followers.next(timeout=0.25)

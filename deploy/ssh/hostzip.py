@@ -1,7 +1,8 @@
-"""The host package as it travels: deploy/host/*.py in one zip, run on the host as
-`python -I <rundir>/tfdeploy-host.zip VERB ...` (deploy/host/main.py has the verbs). The zip is
-built once per controller process, byte for byte the same each time (fixed dates), so that its
-hash changes only when the code does.
+"""The host package as it travels: deploy/host/*.py in one zip, loaded from memory by each
+host's agent (deploy/host/boot.py), and placed in each run directory, where the tasks'
+supervisors and `inv setup`'s steps run it as `python -I <rundir>/tfdeploy-host.zip VERB ...`
+(deploy/host/main.py has those verbs). The zip is built once per controller process, byte for
+byte the same each time (fixed dates), so that its hash changes only when the code does.
 """
 from __future__ import annotations
 

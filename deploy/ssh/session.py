@@ -73,9 +73,12 @@ class Session:
         self.transports, self.agents = dict(transports), dict(agents)
 
     @classmethod
-    def open(cls, inventory: Inventory, connect_timeout: float,
-             accept_new_host_keys: bool) -> "Session":
-        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
+    def open(cls, inventory: Inventory, connect_timeout: float, accept_new_host_keys: bool,
+             agents: bool = True) -> "Session":
+        """Log in to every host and start its agent (`agents`: not for a task whose steps are
+        commands of their own, inv setup's), or raise HostsFailed naming every failure."""
+        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys,
+                                        agents)
         if errors:
             session.close()
             raise HostsFailed("connecting", errors)
@@ -83,18 +86,19 @@ class Session:
 
     @classmethod
     def open_each(cls, hosts: Iterable[Host], connect_timeout: float,
-                  accept_new_host_keys: bool) -> tuple["Session", dict[str, BaseException]]:
+                  accept_new_host_keys: bool, agents: bool = True,
+                  ) -> tuple["Session", dict[str, BaseException]]:
         """Log in to every host and start its agent; the hosts where that failed, and why."""
-        def start(host: Host) -> tuple[Transport, HostAgent]:
+        def start(host: Host) -> tuple[Transport, HostAgent | None]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
             try:
-                return transport, HostAgent(host, transport)
+                return transport, HostAgent(host, transport) if agents else None
             except BaseException:
                 transport.close()
                 raise
         results, errors = on_each(hosts, lambda h: h.name, start)
         return cls({n: t for n, (t, _) in results.items()},
-                   {n: a for n, (_, a) in results.items()}), errors
+                   {n: a for n, (_, a) in results.items() if a is not None}), errors
 
     def close(self) -> None:
         for agent in self.agents.values():

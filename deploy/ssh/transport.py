@@ -1,9 +1,10 @@
 """One interface for running commands on a host, with two implementations: SSH (one Fabric
-connection per host, reused for every step; see login.py) and local subprocesses for
+connection per host, reused for every channel; see login.py) and local subprocesses for
 `transport: local`.
 
-Both run a command line in a POSIX shell, feed it bytes on stdin and return its exit code and
-output as bytes, so the executor never knows which kind of host it talks to.
+Both run a command line in a POSIX shell: once with bytes on its stdin, answered with its exit
+code and output (run: `inv setup`'s steps), or as a stream both ways (stream: the run's agent,
+agent.py), so the executor never knows which kind of host it talks to.
 """
 from __future__ import annotations
 
@@ -61,24 +62,7 @@ class Transport(Protocol):
 
     def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult: ...
 
-    def exchange(self, line: str, timeout: float | None = 60.0) -> "Exchange": ...
-
     def stream(self, line: str) -> "LineStream": ...
-
-    def close(self) -> None: ...
-
-
-class Exchange(Protocol):
-    """A command that is answered while its stdin is still open: send, read a line of its
-    answer, send more, then finish() for the rest of its output and its exit code."""
-
-    def settimeout(self, timeout: float | None) -> None: ...
-
-    def send(self, stdin: Stdin) -> None: ...
-
-    def readline(self) -> bytes: ...
-
-    def finish(self) -> CommandResult: ...
 
     def close(self) -> None: ...
 
@@ -153,56 +137,14 @@ def _end(proc: subprocess.Popen) -> None:
                 pass
 
 
-class LocalExchange:
-    def __init__(self, line: str, label: str):
-        self.label = label
-        self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, cwd=os.path.expanduser("~"))
-        self.timeout: float | None = None
-
-    def settimeout(self, timeout: float | None) -> None:
-        self.timeout = timeout
-
-    def send(self, stdin: Stdin) -> None:
-        try:
-            for piece in pieces(stdin):
-                self.proc.stdin.write(piece)
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it stopped reading (failed): finish() tells why
-
-    def readline(self) -> bytes:
-        return self.proc.stdout.readline()
-
-    def finish(self) -> CommandResult:
-        try:
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        # Our commands write little to stderr, so reading stdout first cannot stall.
-        out, err = self.proc.stdout.read(), self.proc.stderr.read()
-        try:
-            code = self.proc.wait(self.timeout)
-        except subprocess.TimeoutExpired:
-            raise TransportError(
-                f"{self.label}: command timed out after {self.timeout:g} s") from None
-        return CommandResult(code, out, err)
-
-    def close(self) -> None:
-        _end(self.proc)
-
-
 class SshExchange:
+    """One command on its own channel: its stdin sent, then its output and exit code."""
+
     def __init__(self, channel: paramiko.Channel, label: str, timeout: float | None):
         self.channel, self.label = channel, label
         self.channel.settimeout(timeout)
         self.timeout = timeout
         self.out = channel.makefile("rb")
-
-    def settimeout(self, timeout: float | None) -> None:
-        self.timeout = timeout
-        self.channel.settimeout(timeout)
 
     @contextmanager
     def _errors(self):
@@ -227,10 +169,6 @@ class SshExchange:
                     if not sent:
                         return
                     view = view[sent:]
-
-    def readline(self) -> bytes:
-        with self._errors():
-            return self.out.readline()
 
     def finish(self) -> CommandResult:
         with self._errors():
@@ -342,11 +280,6 @@ class LocalTransport:
             raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
-    def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
-        exchange = LocalExchange(line, self.host.label)
-        exchange.settimeout(timeout)
-        return exchange
-
     def stream(self, line: str) -> LineStream:
         return LocalStream(line)
 
@@ -380,7 +313,7 @@ class SshTransport:
         finally:
             exchange.close()
 
-    def exchange(self, line: str, timeout: float | None = 60.0) -> Exchange:
+    def exchange(self, line: str, timeout: float | None = 60.0) -> SshExchange:
         channel = self._channel()
         try:
             channel.exec_command(PRIVATE + line)

@@ -1,7 +1,7 @@
 """Hostile values through a REAL remote shell: hypothesis-generated env values, `--args` and
 workdir names go over SSH to a lab host (one connection for every example), through the
-planner's launch command and the agent, into a tiny entry that prints its argv and env as JSON.
-They must arrive literally and never be executed."""
+planner's launch request and the host's agent, into a tiny entry that prints its argv and env
+as JSON. They must arrive literally and never be executed."""
 from __future__ import annotations
 
 import dataclasses

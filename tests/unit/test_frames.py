@@ -1,4 +1,5 @@
-"""The follow stream's frames: any log bytes, in any number of frames, come out as they went in."""
+"""The frames of the agents' channel: any log bytes and bodies, in any number of frames, come
+out as they went in."""
 from __future__ import annotations
 
 import io
