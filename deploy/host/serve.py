@@ -230,7 +230,7 @@ def answer(request, args, channel, mesh, follows):
 def respond(request, channel, work):
     """Run `work` and send its answer (or the error) under the request's id; the answer's
     "body" and "chunks" (task -> log bytes) travel as bytes (frames.py). None: the verb
-    answers by itself (the mesh phases) or not at all (a credit)."""
+    answers by itself (the mesh phases) or not at all (a credit). False when it failed."""
     try:
         doc = work()
     except EXPECTED as exc:
@@ -240,9 +240,10 @@ def respond(request, channel, work):
     except Exception as exc:  # a bug here: the controller reports it as such
         doc = {"error": "%s: %s" % (type(exc).__name__, exc)}
     if doc is None:
-        return
+        return True
     body, chunks = doc.pop("body", b""), doc.pop("chunks", None)
     channel.send(dict(doc, id=request["id"]), chunks, body)
+    return "error" not in doc
 
 
 def serve(stdin, stdout):
@@ -261,8 +262,11 @@ def serve(stdin, stdout):
             break
         args = expanded(request)
         if request.get("verb") in ("receive", "data-receive"):
-            # Its files follow on stdin: read here, before the next request.
-            respond(request, channel, lambda: receive(request["verb"], args, stdin))
+            # Its files follow on stdin: read here, before the next request. When they fail,
+            # the rest of them would be read as requests: the agent stops reading instead
+            # (the controller starts another for what follows).
+            if not respond(request, channel, lambda: receive(request["verb"], args, stdin)):
+                break
             continue
         threading.Thread(target=respond, daemon=True, args=(
             request, channel, lambda r=request, a=args: answer(r, a, channel, mesh, follows))).start()

@@ -50,6 +50,7 @@ class Reply:
         self.doc: dict | None = None
         self.error = ""
         self.number = 0          # its request's id on the agent's channel
+        self.stream: LineStream | None = None    # that channel
 
     def wait(self, timeout: float) -> dict:
         """The answer; StepFailed naming the host, the step and how long it waited when none
@@ -64,6 +65,8 @@ class Reply:
         return self.doc
 
     def _end(self, doc: dict | None, error: str = "") -> None:
+        if self.done.is_set():
+            return                # answered before its channel was given up on
         self.doc, self.error = doc, error
         self.done.set()
         if self.on_end is not None:
@@ -99,32 +102,48 @@ class HostAgent:
             header["length"] = len(body)
         with self.sending:
             with self.table:
-                header["id"] = reply.number = number = next(self.ids)
-                self.replies[number] = reply
+                header["id"] = reply.number = next(self.ids)
+                reply.stream = self.stream
+                self.replies[reply.number] = reply
                 lost = self.lost
             if lost:
-                return self._forget(number, lost)
+                return self._forget(reply, lost)
             try:
                 self.stream.send(json.dumps(header).encode() + b"\n")
                 if body:
                     self.stream.send(body)
+            except TransportError as exc:
+                return self._forget(reply, str(exc))
+            try:
                 for piece in files or ():
                     self.stream.send(piece)
-            except TransportError as exc:
-                return self._forget(number, str(exc))
             except Exception as exc:
-                # The files stopped coming (a file changed while it was read): the agent
-                # reads the next request as the rest of them. A new agent takes its place for
-                # what follows (the teardown); this one and what it was asked are dropped.
-                self._restart(f"its file stream was cut: {exc}")
-                raise
+                # The files stopped going: the host failed their request (its answer says
+                # why: a full disk) and left, or they stopped coming (a file changed while it
+                # was read). Either way nothing more can go on this channel: a new agent
+                # takes its place for what follows (the teardown).
+                reply.done.wait(2)       # the host's answer says why, when it gave one
+                self.restart(reply.error or f"its file stream was cut: {exc}")
+                if not isinstance(exc, TransportError):
+                    raise
         return reply
 
-    def _restart(self, why: str) -> None:
+    def resync(self, reply: Reply) -> None:
+        """After a request with files that failed: the host may not have read them to their
+        end (and an agent that failed them stops reading), so a new agent takes over, unless
+        one already has."""
+        if reply.stream is self.stream:
+            self.restart(reply.error or "its file stream failed")
+
+    def restart(self, why: str) -> None:
+        """A new agent on a new channel in place of this one, whose awaited answers fail with
+        `why`: after a file stream the host did not read to its end, what follows it on the
+        channel would be read as requests."""
         with self.table:
             replies, stream = self.replies, self.stream
         try:
             self._start()        # first: the old channel's reader must find itself replaced
+            self.lost = ""       # the old agent's end (it stops at failed files) is not the host's
         except TransportError as exc:
             self.lost = str(exc)
         self._fail(replies, why)
@@ -139,9 +158,9 @@ class HostAgent:
             except TransportError:
                 pass
 
-    def _forget(self, number: int, why: str) -> Reply:
+    def _forget(self, reply: Reply, why: str) -> Reply:
         with self.table:
-            reply = self.replies.pop(number)
+            self.replies.pop(reply.number, None)
         reply._end(None, why)
         return reply
 

@@ -138,7 +138,7 @@ class Session:
 
         Hosts that share a workdir are sent the files once: the others wait for that push to
         end, then get an empty stream and find payload/ (or the cached files) there."""
-        wants = self.ask_all(f"pushing the {what}", plans, request, 120, stage)
+        wants = self.ask_all(f"{what} push", plans, request, 120, stage)
         filesystems = {name: want.pop("filesystem", None) for name, want in wants.items()}
         for follower, leader in sharing({hp.host.name: filesystems.get(hp.host.name)
                                          for hp in plans}).items():
@@ -160,9 +160,14 @@ class Session:
             missing = frozenset() if leader else frozenset(want["missing"])
             if leader:
                 done[leader].wait()
-            answer = self.agents[hp.host.name].ask(
-                receive_request(request(hp)), f"sending {what} files",
-                files=content(hp, missing)).wait(1800)
+            agent = self.agents[hp.host.name]
+            reply = agent.ask(receive_request(request(hp)), f"sending {what} files",
+                              files=content(hp, missing))
+            try:
+                answer = reply.wait(1800)
+            except StepFailed:
+                agent.resync(reply)      # the teardown needs an agent that reads requests
+                raise
             if leader:
                 return {**answer, "missing": [], "received": [], "shared_with": leader}
             return {**answer, "missing": want["missing"],
