@@ -17,7 +17,9 @@ from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members
 
-MAX_CHUNK = 1 << 20
+# A task's log is read in chunks of at most this: with the few frames a follow may send ahead
+# (serve.py WINDOW), what a flood of logs holds in the controller's memory at once.
+MAX_CHUNK = 1 << 18
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
 PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
 

@@ -12,7 +12,7 @@ top-level "length" announces a body that follows the tasks' bytes; the reader pu
 import json
 
 # A header is a few hundred bytes of task states or a request's words; past this it is not a
-# header. A task's log chunk is at most 1 MiB (agent.py); a body (a request's stage or backup,
+# header. A task's log chunk is at most 256 KiB (agent.py); a body (a request's stage or backup,
 # an answer's output archive) is bounded too, so that a broken or foreign writer cannot make
 # the reader hold any amount of memory.
 MAX_HEADER = 1 << 20
