@@ -73,7 +73,9 @@ def launch(rundir, task, cwd, argv, requirements, variables):
             attempt, task, time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
         log.flush()
     proc = subprocess.Popen(
-        [sys.executable, "-I", in_run(rundir, HOST_ZIP), "supervise", rundir, task, "--"] + argv,
+        # -S: the supervisor needs the standard library only (site is most of a start-up).
+        [sys.executable, "-I", "-S", in_run(rundir, HOST_ZIP), "supervise", rundir, task,
+         "--"] + argv,
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, close_fds=True)
     log.close()

@@ -18,13 +18,15 @@ from deploy.plan.ports import ports_to_probe
 
 # The agent's python runs what comes first on its stdin (deploy/host/boot.py, headed by its
 # length), which loads the host package from memory and serves requests (deploy/host/serve.py).
-# `python -` would read stdin to its end before running anything.
+# `python -` would read stdin to its end before running anything. `-S`: the agent needs the
+# standard library only, and a Python's site start-up is most of its start (check.py finds
+# the tasks' packages without it).
 AGENT_BOOT = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 
 
 def agent_command(host: Host) -> Command:
     """The host's agent for the whole run: started once, asked every step as a Request."""
-    return Command((HostPath(host.python), "-I", "-c", AGENT_BOOT),
+    return Command((HostPath(host.python), "-I", "-S", "-c", AGENT_BOOT),
                    stdin="deploy/host/boot.py and the host package, each headed by its length; "
                          "then requests")
 

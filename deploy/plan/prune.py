@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 
+
 @dataclass(frozen=True)
 class Keep:
     """What no prune may free: the current payload's files and environments, and the runs the

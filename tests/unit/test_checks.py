@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import hostpkg
+from deploy.host.check import version_of
 from deploy.host.envkey import env_python
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
@@ -508,3 +509,27 @@ def test_a_push_is_refused_before_any_file_when_a_host_lacks_room_for_what_it_la
     with pytest.raises(NoRoom, match=r"^a \(10\.1\.2\.3\): 10\.0 MiB free in /w, this push "
                                      r"needs 0 B \(64\.0 MiB with"):
         refuse_without_room(plans, answers, sizes, "payload")
+
+
+def test_versions_are_read_from_the_metadata_directories_names(tmp_path):
+    for name in ("Tensorflow_CPU-2.20.0.dist-info", "tf_keras-2.21.0.dist-info", "numpy.egg-info",
+                 "tensorflow_datasets-4.0.dist-info"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "numpy.egg-info" / "PKG-INFO").write_text("Name: numpy\nVersion: 1.2.3\n\nbody\n")
+    path = [str(tmp_path / "missing"), str(tmp_path)]
+    assert version_of(("tensorflow", "tensorflow-cpu"), path) == "2.20.0"
+    assert version_of(("tf-keras",), path) == "2.21.0"
+    assert version_of(("numpy",), path) == "1.2.3"
+    assert version_of(("torch",), path) is None
+
+
+def test_the_agent_finds_the_packages_the_tasks_import(agent, tmp_path):
+    """The agent runs with -I -S: its probe still sees this virtual environment's packages, as
+    the tasks' python (with its site) does."""
+    from importlib import metadata
+    host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
+                     f" python: '{sys.executable}'}}\n").hosts[0]
+    answer = agent.agent.ask(probe_request(host), "probe").wait(60)
+    assert answer["versions"] == {"tensorflow": metadata.version("tensorflow"),
+                                  "tf_keras": metadata.version("tf-keras"),
+                                  "numpy": metadata.version("numpy")}

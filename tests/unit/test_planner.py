@@ -258,7 +258,7 @@ def test_requests_name_the_run_dir_and_the_agent_its_command():
     assert b.run_dir == f"/scratch/tf/runs/{RUN_ID}"
     # One agent per host for the whole run, started by the host's python; it reads its boot
     # and the host package on stdin, then every step as a request.
-    assert agent_command(b.host).line == f"~/venv/bin/python -I -c {shlex.quote(AGENT_BOOT)}"
+    assert agent_command(b.host).line == f"~/venv/bin/python -I -S -c {shlex.quote(AGENT_BOOT)}"
     assert f"  agent:  {agent_command(b.host).shown()}" in plan_text(plan).splitlines()
     # The push names the host and its tasks, recorded in the run dir (which hosts may share);
     # the stage comes with it, the files the host lacks with its second half.
