@@ -35,6 +35,8 @@ BEAT = 1.0
 # Follow frames sent ahead of the controller's credits: a controller that falls behind stops
 # the follow here, and the logs wait on this host's disk, not in the controller's memory.
 WINDOW = 4
+# How much lower a follow runs than the tasks (yield_to_tasks).
+FOLLOW_NICENESS = 10
 # Errors a verb reports as its answer; anything else is a bug, reported with its type.
 EXPECTED = (OSError, ValueError, KeyError, SystemExit, cache.CacheError, StageError,
             subprocess.SubprocessError)
@@ -79,6 +81,18 @@ class Mesh:
     def next(self, request, phase):
         self.asking = request
         self.lines.put(phase)
+
+
+def yield_to_tasks():
+    """Run this thread (a follow, which can read and send logs as fast as the tasks write them)
+    at a lower priority than the tasks: on a host whose cores are all training, shipping a
+    flood of logs must not slow the training down. Linux gives each thread its own nice value;
+    the tasks, started by other threads, keep theirs."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), FOLLOW_NICENESS)
+        except OSError:
+            pass
 
 
 def expanded(request):
@@ -198,6 +212,7 @@ def answer(request, args, channel, mesh, follows):
         return {"tasks": {task: status for task, (status, _) in tasks.items()},
                 "chunks": {task: data for task, (_, data) in tasks.items() if data}}
     if verb == "follow":
+        yield_to_tasks()
         credits = follows[request["id"]] = threading.Semaphore(WINDOW)
 
         def send(doc, chunks):
