@@ -167,5 +167,9 @@ def follow(rundir, offsets, send, interval=0.1):
         if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
                for s, _ in tasks.values()):
             return
-        if not any(s["offset"] < s["size"] for s, _ in tasks.values()):
+        # Behind on a task that still runs, it waits all the same: a flood of logs is read
+        # at most a chunk per task per interval while the tasks write it (their cores are
+        # theirs), and at full speed once they have ended.
+        behind = [s for s, _ in tasks.values() if s["offset"] < s["size"]]
+        if not behind or any(s["state"] == "running" for s in behind):
             time.sleep(interval)
