@@ -8,6 +8,7 @@ and notes when the host was last heard (the agent beats every second even when i
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import json
@@ -29,9 +30,11 @@ class StepFailed(Failure):
     """A step on a host answered with an error, or not in time, or not as it must."""
 
 
+@functools.lru_cache(maxsize=1)
 def boot_stdin() -> bytes:
     """What the agent's python reads first (planner.agent_command): boot.py, which loads the
-    host package from memory, then the package, each headed by its length."""
+    host package from memory, then the package, each headed by its length. Made once per
+    controller, however many hosts."""
     boot = inspect.getsource(deploy.host.boot).encode()
     package = host_zip()
     return b"%d\n" % len(boot) + boot + b"%d\n" % len(package) + package
@@ -87,7 +90,10 @@ class HostAgent:
         self.stream: LineStream = self.transport.stream(agent_command(self.host).line)
         self.replies: dict[int, Reply] = {}
         self.heard = time.monotonic()
-        self.stream.send(boot_stdin())
+        try:
+            self.stream.send(boot_stdin())
+        except TransportError:
+            pass        # it ended before it read (no python there): its reader says why
         threading.Thread(target=self._read, args=(self.stream, self.replies), daemon=True,
                          name=f"agent-{self.host.name}").start()
 
@@ -113,7 +119,11 @@ class HostAgent:
                 if body:
                     self.stream.send(body)
             except TransportError as exc:
-                return self._forget(reply, str(exc))
+                # The channel closed under it: its reader is about to tell why (the agent's
+                # exit and last words), which says more than a broken pipe.
+                if not reply.done.wait(2):
+                    self._forget(reply, str(exc))
+                return reply
             try:
                 for piece in files or ():
                     self.stream.send(piece)
@@ -192,7 +202,7 @@ class HostAgent:
             why = f"{exc}"
         if stream is self.stream:
             self._fail_all(why)
-        else:                     # a channel given up on (_restart): its replies are told
+        else:                     # a channel given up on (restart): its replies are told
             self._fail(replies, why)
 
     def _ended(self, stream: LineStream) -> str:
