@@ -80,10 +80,11 @@ class Watch:
         """Give up on the host (nothing more is asked of it, nothing awaited), fail the run
         and stop every other host's tasks."""
         run = self.run
-        why = f"{hp.host.label}: no heartbeat for {silent:.0f} s"
+        silence = f"no heartbeat for {silent:.0f} s"
+        why = f"{hp.host.label}: {silence}"
         self.lost.add(hp.host.name)
         run.session.agents[hp.host.name].abandon(
-            f"lost ({why[len(hp.host.label) + 2:]}); its tasks may still run there: "
+            f"lost ({silence}); its tasks may still run there: "
             f"`inv down --run {run.plan.run_id}` stops them once it answers again")
         for task in self.host_tasks[hp.host.name]:
             task.host_lost()

@@ -139,9 +139,8 @@ class Session:
         Hosts that share a workdir are sent the files once: the others wait for that push to
         end, then get an empty stream and find payload/ (or the cached files) there."""
         wants = self.ask_all(f"{what} push", plans, request, 120, stage)
-        filesystems = {name: want.pop("filesystem", None) for name, want in wants.items()}
-        for follower, leader in sharing({hp.host.name: filesystems.get(hp.host.name)
-                                         for hp in plans}).items():
+        filesystems = {hp.host.name: wants[hp.host.name].pop("filesystem", None) for hp in plans}
+        for follower, leader in sharing(filesystems).items():
             wants[follower]["shared_with"] = leader
         on_answers(wants)
         done = {hp.host.name: threading.Event() for hp in plans}
