@@ -7,6 +7,7 @@ processes of the same user, or all of them as root.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 RUN_ID_VAR = "TFDEPLOY_RUN_ID"
@@ -30,6 +31,13 @@ def processes_of_run(run_id: str) -> list[int]:
             continue
         found.append(int(entry))
     return sorted(found)
+
+
+def end(proc: subprocess.Popen) -> None:
+    """A process the test started, killed and reaped if it still runs (its last resort)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def wait_until_gone(run_id: str, timeout: float, interval: float = 0.1) -> list[int]:

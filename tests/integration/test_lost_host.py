@@ -20,7 +20,7 @@ import pytest
 from test_train import REPO
 
 from netns import NetnsHost, NetnsUnavailable
-from procs import processes_of_run, wait_until_gone
+from procs import end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 
 pytestmark = pytest.mark.integration
@@ -59,9 +59,7 @@ class Controller:
         try:
             return self.proc.wait(timeout)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+            end(self.proc)
             self.reader.join(5)
 
 

@@ -9,7 +9,7 @@ import json
 import subprocess
 
 import pytest
-from test_runs import inv
+from test_runs import inv, lab_with_payload
 from test_train import assert_nothing_left, only_run
 
 pytestmark = pytest.mark.integration
@@ -45,11 +45,7 @@ for epoch in range(1, 4):
 
 @pytest.fixture
 def lab(ssh_lab, tmp_path):
-    hosts = ssh_lab.hosts[:2]
-    payload = tmp_path / "payload"
-    payload.mkdir()
-    (payload / "train.py").write_text(SERVER)
-    return ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts), hosts, payload
+    return lab_with_payload(ssh_lab, tmp_path, SERVER)
 
 
 def train(lab, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict, dict]:

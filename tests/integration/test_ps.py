@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import processes_of_run, wait_until_gone
+from procs import end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 from test_train import inv, only_run
 
@@ -152,9 +152,7 @@ def finish(controller: subprocess.Popen) -> str:
     try:
         return controller.communicate(timeout=180)[0]
     finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
+        end(controller)
 
 
 def test_a_ps_killed_mid_run_fails_the_run_and_every_task_goes(ps_setup, tmp_path):

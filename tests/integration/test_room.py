@@ -61,13 +61,18 @@ def assert_refused_and_nothing_left(done, run_id: str, hosts, tmp_path: Path, wo
         assert not runs.exists() or os.listdir(runs) == [], (host.name, os.listdir(runs))
 
 
+def second_host_on(ssh_lab, tmp_path: Path, mounted: Path):
+    """(hosts, inventory): two lab hosts, the second with its workdir on the disk `mounted`."""
+    h1, h2 = ssh_lab.hosts[:2]
+    hosts = [h1, dataclasses.replace(h2, workdir=mounted / "work")]
+    return hosts, ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts)
+
+
 @pytest.mark.parametrize("disk, size", [("30m", 60 * MB), ("600m", 700 * MB)])
 def test_the_check_refuses_a_host_without_room_for_the_push(ssh_lab, tmp_path, disk, size):
     payload = big_payload(tmp_path, size)
     with tmpfs(tmp_path / "disk", disk) as mounted:
-        h1, h2 = ssh_lab.hosts[:2]
-        hosts = [h1, dataclasses.replace(h2, workdir=mounted / "work")]
-        inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts)
+        hosts, inventory = second_host_on(ssh_lab, tmp_path, mounted)
         done, run_id = train(inventory, payload, tmp_path)
         need = f"{size / 2 ** 20:.1f} MiB"
         assert_refused_and_nothing_left(
@@ -79,9 +84,7 @@ def test_the_check_refuses_a_host_without_room_for_the_push(ssh_lab, tmp_path, d
 def test_without_the_check_the_push_refuses_before_sending_a_file(ssh_lab, tmp_path):
     payload = big_payload(tmp_path, 60 * MB)
     with tmpfs(tmp_path / "disk", "30m") as mounted:
-        h1, h2 = ssh_lab.hosts[:2]
-        hosts = [h1, dataclasses.replace(h2, workdir=mounted / "work")]
-        inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts)
+        hosts, inventory = second_host_on(ssh_lab, tmp_path, mounted)
         done, run_id = train(inventory, payload, tmp_path, "--no-check")
         assert_refused_and_nothing_left(
             done, run_id, hosts, tmp_path,
@@ -112,9 +115,7 @@ def test_a_disk_too_full_for_the_stage_leaves_no_run_directory(ssh_lab, tmp_path
     payload = big_payload(tmp_path, 1)
     assert len(PayloadPush(payload, "train.py", "20260101-000000-abcdef").stage) > 16 << 10
     with tmpfs(tmp_path / "disk", "16k") as mounted:
-        h1, h2 = ssh_lab.hosts[:2]
-        hosts = [h1, dataclasses.replace(h2, workdir=mounted / "work")]
-        inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts)
+        hosts, inventory = second_host_on(ssh_lab, tmp_path, mounted)
         done, run_id = train(inventory, payload, tmp_path, "--no-check")
         assert_refused_and_nothing_left(
             done, run_id, hosts, tmp_path,

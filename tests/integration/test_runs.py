@@ -15,7 +15,7 @@ import pytest
 import test_train
 from test_train import REPO, assert_nothing_left, crash_payload, interrupt, wait_for_first_epoch
 
-from procs import processes_of_run, wait_for_processes, wait_until_gone
+from procs import end, processes_of_run, wait_for_processes, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +50,23 @@ def kill_by_records(run_id: str, hosts) -> None:
     wait_until_gone(run_id, timeout=10)
     for host in hosts:
         subprocess.run(["rm", "-rf", str(remote_dir(host, run_id))], check=False)
+
+
+def lab_with_payload(ssh_lab, tmp_path: Path, source: str):
+    """(inventory, hosts, payload) for two lab hosts and a payload whose train.py is `source`."""
+    hosts = ssh_lab.hosts[:2]
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "train.py").write_text(source)
+    return ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts), hosts, payload
+
+
+def clean_up(controller: subprocess.Popen, run_id: str | None, hosts) -> None:
+    """A test's last resort: its controller killed if it still runs, then the run ended by its
+    records."""
+    end(controller)
+    if run_id:
+        kill_by_records(run_id, hosts)
 
 
 def detach(inventory: Path, runs: Path, *extra: str) -> str:
@@ -151,11 +168,7 @@ def test_a_controller_killed_outright_is_replaced_by_logs_follow(lab, tmp_path):
         assert "teardown: no process of run" in done.stdout
         assert_nothing_left(runs / run_id, hosts)
     finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
-        if run_id:
-            kill_by_records(run_id, hosts)
+        clean_up(controller, run_id, hosts)
 
 
 def test_down_stops_one_run_and_leaves_the_other_on_the_same_hosts(lab, tmp_path):

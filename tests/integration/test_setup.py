@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from procs import processes_of_run, wait_until_gone
+from procs import end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 
 pytestmark = pytest.mark.integration
@@ -194,9 +194,7 @@ def test_ctrl_c_during_setup_stops_pip_on_every_host_and_removes_the_setup_dirs(
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
         listener.close()
         for conn in accepted:
             conn.close()

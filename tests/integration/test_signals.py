@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runs import epoch_lines, inv, kill_by_records, record
+from test_runs import clean_up, epoch_lines, inv, kill_by_records, lab_with_payload, record
 from test_train import REPO, assert_nothing_left, wait_for_first_epoch
 
-from procs import default_signals, processes_of_run, wait_until_gone
+from procs import default_signals, end, processes_of_run, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +40,7 @@ print("training finished", flush=True)
 
 @pytest.fixture
 def lab(ssh_lab, tmp_path):
-    hosts = ssh_lab.hosts[:2]
-    payload = tmp_path / "payload"
-    payload.mkdir()
-    (payload / "train.py").write_text(EPOCHS)
-    return ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts), hosts, payload
+    return lab_with_payload(ssh_lab, tmp_path, EPOCHS)
 
 
 def train_command(inventory: Path, runs: Path, payload: Path, args: str, *extra: str):
@@ -85,11 +81,7 @@ def test_sigterm_stops_every_task_and_exits_143_without_a_traceback(lab, tmp_pat
         assert summary["ended_by"] == "terminated" and summary["exit_code"] == 143
         assert_nothing_left(runs / run_id, hosts)
     finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
-        if run_id:
-            kill_by_records(run_id, hosts)
+        clean_up(controller, run_id, hosts)
 
 
 def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
@@ -123,9 +115,7 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
             follower.send_signal(signal.SIGTERM)
             out = follower.communicate(timeout=60)[0]
         finally:
-            if follower.poll() is None:
-                follower.kill()
-                follower.wait()
+            end(follower)
         assert follower.returncode == 143 and "goes on" in out and "Traceback" not in out, out
         assert record(runs, run_id)["state"] == "detached"
         assert len(processes_of_run(run_id)) >= 4
@@ -204,8 +194,4 @@ def test_a_second_ctrl_c_abandons_the_teardown_and_names_inv_down(lab, tmp_path)
         assert down.returncode == 0, down.stdout + down.stderr
         assert_nothing_left(runs / run_id, hosts)
     finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
-        if run_id:
-            kill_by_records(run_id, hosts)
+        clean_up(controller, run_id, hosts)

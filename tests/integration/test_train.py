@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import processes_of_run, wait_until_gone
+from procs import end, processes_of_run, wait_until_gone
 
 pytestmark = pytest.mark.integration
 
@@ -130,9 +130,7 @@ def interrupt(proc: subprocess.Popen) -> str:
             proc.send_signal(signal.SIGINT)
         return proc.communicate(timeout=60)[0]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end(proc)
 
 
 def test_ctrl_c_tears_down_and_exits_130(lab_inventory, tmp_path):
