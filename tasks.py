@@ -313,13 +313,20 @@ RUN_HELP = {
 }
 
 
+# RunSettings given as a flag's number of seconds: read inside reported(), so that a bad value
+# is an error line (exit 2), not a traceback.
+SECONDS_SETTINGS = ("connect_timeout", "start_timeout", "lost_after")
+
+
 def run_task(action, connect_timeout="10", accept_new_host_keys=False, **settings) -> None:
     """Call a run-management action with its settings; errors and codes as `train` has them."""
     console = Console(highlight=False)
     with reported(console):
-        code = action(console, RunSettings(
-            connect_timeout=seconds("--connect-timeout", connect_timeout),
-            accept_new_host_keys=accept_new_host_keys, **settings))
+        settings["connect_timeout"] = connect_timeout
+        for key in SECONDS_SETTINGS:
+            if key in settings:
+                settings[key] = seconds("--" + key.replace("_", "-"), settings[key])
+        code = action(console, RunSettings(accept_new_host_keys=accept_new_host_keys, **settings))
     exit_with(code)
 
 
@@ -363,8 +370,7 @@ def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="1
         only = None if task is None else count("--task", task)
         return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
     run_task(action, connect_timeout, accept_new_host_keys,
-             start_timeout=seconds("--start-timeout", start_timeout), verbose=verbose,
-             lost_after=seconds("--lost-after", lost_after))
+             start_timeout=start_timeout, verbose=verbose, lost_after=lost_after)
 
 
 @task(help={"run": RUN_HELP["run"], "runs_dir": RUN_HELP["runs_dir"]})

@@ -89,6 +89,7 @@ TRAIN = {
     "grace negative": ({}, ["--grace=-1"], 2),
     "timeout huge": ({}, ["--connect-timeout", "1e309"], 2),
     "start timeout words": ({}, ["--start-timeout", "soon"], 2),
+    "lost after negative": ({}, ["--lost-after=-5"], 2),
     "restarts unicode digits": ({}, ["--restarts", "²"], 2),
     "restarts huge": ({}, ["--restarts", "9" * 5000], 2),
     "restarts with detach": ({}, ["--restarts", "1", "--detach"], 2),
@@ -109,6 +110,7 @@ RECORD_CASES = {
     "run id hostile": (None, ["down", "--run", "../../etc"], 2),
     "task out of range": (None, ["logs", "--task", "7"], 2),
     "task not a number": (None, ["logs", "--task", "x"], 2),
+    "logs lost after words": (None, ["logs", "--lost-after", "soon"], 2),
     "runs dir a file (inv runs)": (None, ["runs", "--runs-dir", "afile"], 2),
 }
 
