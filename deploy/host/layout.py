@@ -28,6 +28,7 @@ Everything is created with umask 077: nothing here is readable or writable by ot
 Paths are joined with "/" so that a leading `~/` stays for the host's shell to expand.
 """
 
+import hashlib
 import re
 
 RUNS = "runs"
@@ -59,6 +60,16 @@ ENV_REPLACED = "env-replaced"
 WHEELHOUSE = "wheelhouse"
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 TASK_FILE_KINDS = ("log", "pid", "exit")
+
+
+def host_run_id(run_id, host):
+    """The run id of `host`'s own directory of run `run_id` (inv setup's: hosts sharing a
+    workdir must not build in one directory): `<run id>-<host>`, or the host's name hashed
+    where that would not be a run id."""
+    mine = "%s-%s" % (run_id, host)
+    if RUN_ID.match(mine):
+        return mine
+    return "%s-%s" % (run_id, hashlib.sha256(host.encode()).hexdigest()[:16])
 
 
 def run_dir(workdir, run_id):
