@@ -78,13 +78,15 @@ def newest(runs: Path) -> Path:
 
 def ran(runs: Path, hosts, mark: str, files: int) -> Path:
     """The newest run: every task printed `mark` and saw `files` files, nothing is left of it
-    on any host, and the shared workdir holds no run directory."""
+    on any host, and the shared workdir holds no run directory and no temporary file."""
     run_dir = newest(runs)
     for task in range(len(hosts)):
         log = (run_dir / f"worker-{task}.log").read_text()
         assert f"task {task} mark {mark} files {files}\n" in log, (task, log)
     assert_nothing_left(run_dir, hosts)
     assert os.listdir(hosts[0].workdir / "runs") == []
+    assert os.listdir(hosts[0].workdir / "cache" / "tmp") == []
+    assert [p for p in hosts[0].workdir.rglob("*.tmp")] == []
     return run_dir
 
 
@@ -164,26 +166,37 @@ def group_of(pid: int) -> int | None:
         return None
 
 
+def stopped_run(inventory: Path, runs: Path, folder: Path, hosts, stop, code: int) -> str:
+    """A run of `folder` (its tasks sleeping) that `stop(run_id, controller)` ends once every
+    task has started: the controller's output once it exited with `code`, nothing of the run
+    left anywhere."""
+    earlier = runs_in(runs)
+    proc = controller(train_args(inventory, runs, folder, "--args", "300"))
+    run_id = None
+    try:
+        run_id = started(runs, earlier, proc, len(hosts))
+        stop(run_id, proc)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == code, out
+        assert_nothing_left(runs / run_id, hosts)
+        return out
+    finally:
+        end(proc)
+        if run_id:
+            kill_by_records(run_id, hosts)
+
+
 def test_a_worker_killed_mid_run_three_times_each_followed_by_a_good_run(lab, tmp_path):
     inventory, hosts = sharing(lab, tmp_path, lab.hosts[:4])
     runs = tmp_path / "runs"
     folder = payload(tmp_path / "p", "kill", files=200)
+
+    def kill_worker_2(run_id: str, _) -> None:
+        os.kill(worker_of(hosts[0].workdir / "runs" / run_id, 2), signal.SIGKILL)
     for round_ in range(3):
         (folder / "files" / f"round{round_}.txt").write_text(f"round {round_}\n")
-        earlier = runs_in(runs)
-        proc = controller(train_args(inventory, runs, folder, "--args", "300"))
-        run_id = None
-        try:
-            run_id = started(runs, earlier, proc, len(hosts))
-            os.kill(worker_of(hosts[0].workdir / "runs" / run_id, 2), signal.SIGKILL)
-            out = proc.communicate(timeout=120)[0]
-            assert proc.returncode == 1, out
-            assert "worker-2" in out and "exit code 137" in out, out
-            assert_nothing_left(runs / run_id, hosts)
-        finally:
-            end(proc)
-            if run_id:
-                kill_by_records(run_id, hosts)
+        out = stopped_run(inventory, runs, folder, hosts, kill_worker_2, 1)
+        assert "worker-2" in out and "exit code 137" in out, out
         train(inventory, runs, folder)
         ran(runs, hosts, "kill", 201 + round_)
 
@@ -192,18 +205,8 @@ def test_a_run_after_ctrl_c_and_a_run_after_prune(lab, tmp_path):
     inventory, hosts = sharing(lab, tmp_path, lab.hosts[:4])
     runs = tmp_path / "runs"
     folder = payload(tmp_path / "p", "again", files=200)
-    proc = controller(train_args(inventory, runs, folder, "--args", "300"))
-    run_id = None
-    try:
-        run_id = started(runs, set(), proc, len(hosts))
-        proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=120)[0]
-        assert proc.returncode == 130, out
-        assert_nothing_left(runs / run_id, hosts)
-    finally:
-        end(proc)
-        if run_id:
-            kill_by_records(run_id, hosts)
+    stopped_run(inventory, runs, folder, hosts,
+                lambda _, proc: proc.send_signal(signal.SIGINT), 130)
     train(inventory, runs, folder)
     ran(runs, hosts, "again", 200)
     other = payload(tmp_path / "other", "other", files=100)
@@ -271,6 +274,7 @@ state = os.path.join(os.environ["TFDEPLOY_BACKUP_DIR"], "state.txt")
 if task == "0" and attempt == "1":
     with open(state, "w") as f:
         f.write("saved by attempt 1")
+    print("saved inode", os.stat(state).st_ino, flush=True)
 if attempt == "1":
     time.sleep(3 if task == "3" else 300)
     sys.exit(3)
@@ -293,13 +297,18 @@ def test_restarts_carry_the_backup_once_per_workdir_and_not_to_the_chiefs(lab, t
     assert "restart 1 of 1: worker-3 failed (exit code 3)" in done.stdout, done.stdout
     assert "KiB, carried to 1 other workdir(s))" in done.stdout, done.stdout
     run_dir = newest(runs)
-    inodes = set()
+    chief_log = (run_dir / "worker-0.log").read_text()
+    saved = next(line.split()[-1] for line in chief_log.splitlines()
+                 if line.startswith("saved inode "))
+    inodes = {}
     for task in range(4):
         log = (run_dir / f"worker-{task}.log").read_text()
         line = next(line for line in log.splitlines() if line.startswith(f"task {task} "))
         assert line.startswith(f"task {task} backup saved by attempt 1 inode "), log
-        inodes.add((task // 2, line.split()[-1]))
-    assert len(inodes) == 2, "one backup per workdir, read by both of its hosts"
+        inodes.setdefault(hosts[task].workdir, set()).add(line.split()[-1])
+    # One backup per workdir, read by both of its hosts; the chief's own never rewritten.
+    assert [len(found) for found in inodes.values()] == [1, 1]
+    assert inodes[hosts[0].workdir] == {saved}
     assert_nothing_left(run_dir, hosts)
 
 

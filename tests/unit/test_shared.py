@@ -308,15 +308,22 @@ def test_hosts_sharing_a_workdir_store_one_content_at_once_and_the_first_stays(a
     assert os.listdir(cache / "tmp") == []
 
 
-def test_a_wrong_cache_file_found_by_two_hosts_never_costs_the_right_one(tmp_path):
-    """Two hosts hash the same wrong file; the first drops it and stores the right content;
-    the second's drop, late, must leave the right file in place."""
+def corrupted(tmp_path):
+    """A cached file whose content became wrong (same size): cache, digest, path, the right
+    content."""
     _, files, cache = cached_run(tmp_path)
     digest = files[0].sha256
     path = cache / "files" / digest
     right = path.read_bytes()
     path.chmod(0o600)
     path.write_bytes(b"x" * len(right))
+    return cache, digest, path, right
+
+
+def test_a_wrong_cache_file_found_by_two_hosts_never_costs_the_right_one(tmp_path):
+    """Two hosts hash the same wrong file; the first drops it and stores the right content;
+    the second's drop, late, must leave the right file in place."""
+    cache, digest, path, right = corrupted(tmp_path)
     wrong = os.stat(path)                               # as the second host saw it
     assert not hostcache.usable(str(cache), digest)     # the first host drops it...
     assert not path.exists()
@@ -327,12 +334,7 @@ def test_a_wrong_cache_file_found_by_two_hosts_never_costs_the_right_one(tmp_pat
 
 
 def test_a_store_over_a_wrong_file_replaces_it(tmp_path):
-    _, files, cache = cached_run(tmp_path)
-    digest = files[0].sha256
-    path = cache / "files" / digest
-    right = path.read_bytes()
-    path.chmod(0o600)
-    path.write_bytes(b"x" * len(right))
+    cache, digest, path, right = corrupted(tmp_path)
     (cache / "verified" / digest).unlink()
     hostcache._store(str(cache), digest, io.BytesIO(right), len(right))
     assert path.read_bytes() == right and hostcache.usable(str(cache), digest)
