@@ -51,7 +51,7 @@ def lab(tmp_path_factory):
         yield lab
 
 
-def sharing(lab: SshLab, tmp_path: Path, hosts, **fields) -> tuple[Path, list]:
+def one_workdir(lab: SshLab, tmp_path: Path, hosts, **fields) -> tuple[Path, list]:
     """An inventory of `hosts` given one workdir of their own; the hosts."""
     shared = lab.sharing_workdir(hosts, name=f"home-{tmp_path.name}")
     return lab.write_inventory(tmp_path / "lab.yaml", shared, **fields), shared
@@ -125,7 +125,7 @@ def started(runs: Path, earlier: set[str], proc: subprocess.Popen, tasks: int,
 
 
 def test_four_hosts_first_push_of_1000_files_reruns_and_one_change(lab, tmp_path):
-    inventory, hosts = sharing(lab, tmp_path, lab.hosts[:4])
+    inventory, hosts = one_workdir(lab, tmp_path, lab.hosts[:4])
     runs = tmp_path / "runs"
     folder = payload(tmp_path / "p", "first", files=1000)
     first = train(inventory, runs, folder)
@@ -141,7 +141,7 @@ def test_four_hosts_first_push_of_1000_files_reruns_and_one_change(lab, tmp_path
 
 
 def test_eight_hosts_six_runs_each_after_a_change(lab, tmp_path):
-    inventory, hosts = sharing(lab, tmp_path, lab.hosts[:8])
+    inventory, hosts = one_workdir(lab, tmp_path, lab.hosts[:8])
     runs = tmp_path / "runs"
     folder = payload(tmp_path / "p", "run0", files=50)
     for run in range(1, 7):
@@ -187,7 +187,7 @@ def stopped_run(inventory: Path, runs: Path, folder: Path, hosts, stop, code: in
 
 
 def test_a_worker_killed_mid_run_three_times_each_followed_by_a_good_run(lab, tmp_path):
-    inventory, hosts = sharing(lab, tmp_path, lab.hosts[:4])
+    inventory, hosts = one_workdir(lab, tmp_path, lab.hosts[:4])
     runs = tmp_path / "runs"
     folder = payload(tmp_path / "p", "kill", files=200)
 
@@ -202,7 +202,7 @@ def test_a_worker_killed_mid_run_three_times_each_followed_by_a_good_run(lab, tm
 
 
 def test_a_run_after_ctrl_c_and_a_run_after_prune(lab, tmp_path):
-    inventory, hosts = sharing(lab, tmp_path, lab.hosts[:4])
+    inventory, hosts = one_workdir(lab, tmp_path, lab.hosts[:4])
     runs = tmp_path / "runs"
     folder = payload(tmp_path / "p", "again", files=200)
     stopped_run(inventory, runs, folder, hosts,
@@ -222,7 +222,7 @@ def test_a_run_after_ctrl_c_and_a_run_after_prune(lab, tmp_path):
 
 
 def test_two_payloads_started_at_the_same_moment_on_the_same_hosts(lab, tmp_path):
-    inventory, hosts = sharing(lab, tmp_path, lab.hosts[:4])
+    inventory, hosts = one_workdir(lab, tmp_path, lab.hosts[:4])
     runs = {name: tmp_path / f"runs-{name}" for name in ("a", "b")}
     folders = {name: payload(tmp_path / name, f"payload-{name}", files=300) for name in runs}
     procs = {name: controller(train_args(inventory, runs[name], folders[name]))
