@@ -6,28 +6,37 @@ from it.
                                      when its hash was verified: a file whose signature changed
                                      since (edited, truncated, replaced) is hashed again before
                                      it is used, and dropped when its content is wrong
-    <workdir>/cache/tmp/             partial receipts; a file moves to files/ only after its
-                                     hash matched, so an interrupted transfer leaves at most
-                                     orphans here, never a wrong file in files/
+    <workdir>/cache/tmp/             partial receipts, each under a name of its own writer's;
+                                     a file is linked into files/ only after its hash matched,
+                                     so an interrupted transfer leaves at most orphans here,
+                                     never a wrong file in files/
+    <workdir>/prune.lock             held shared while a push counts on cached files, and
+                                     exclusively while a prune deletes some (pruning_lock)
     <rundir>/manifest.json           what payload/ must hold: [path, sha256, mode, size]
     <rundir>/payload/                assembled in <rundir>/.payload-* and renamed into place,
                                      so a half-sent payload is never run
 
 The cache is outside every run directory and survives teardown: that is what makes the next
-push of an unchanged file free.
+push of an unchanged file free. Hosts sharing the workdir (docs/shared-homes.md) use it at the
+same moment: whatever one writes is written under a name of its own and linked or renamed
+into place, and no listed directory ever holds a half-written file.
 """
+import contextlib
 import errno
+import fcntl
 import hashlib
+import io
 import json
 import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 
 from deploy.host import share
-from deploy.host.layout import INLINE as INLINE_DIR
-from deploy.host.layout import MANIFEST, PAYLOAD
+from deploy.host.layout import MANIFEST, PAYLOAD, PRUNE_LOCK
+from deploy.host.rundir import write_atomic
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -58,19 +67,18 @@ def cached(cache, digest):
     return os.path.join(cache, "files", digest)
 
 
-def signature(path):
-    st = os.lstat(path)
+def signature(st):
+    """What identifies one verified version of a cached file: its size, mtime and inode."""
     return "%d %d %d" % (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _remember(cache, digest):
-    """Record the signature of files/<digest>, whose content was just verified."""
+def _remember(cache, digest, st):
+    """Record `st`, the stat of the file whose content was just verified as `digest`. Taken
+    from that very file (not from files/<digest> afterwards): if another host has replaced
+    files/<digest> meanwhile, the signature does not match it, and it is hashed again."""
     folder = os.path.join(cache, "verified")
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, "%s.%s" % (digest, secrets.token_hex(8)))
-    with open(tmp, "w") as f:
-        f.write(signature(cached(cache, digest)))
-    os.replace(tmp, os.path.join(folder, digest))
+    write_atomic(os.path.join(folder, digest), signature(st))
 
 
 def usable(cache, digest):
@@ -78,42 +86,105 @@ def usable(cache, digest):
     verified, or else its content is hashed again (and a wrong file removed)."""
     path = cached(cache, digest)
     try:
-        if not os.path.isfile(path) or os.path.islink(path):
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
             return False
         with open(os.path.join(cache, "verified", digest)) as f:
-            if f.read() == signature(path):
+            if f.read() == signature(st):
                 return True
     except FileNotFoundError:
         pass
     hasher = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", opener=_no_follow) as f:
             for chunk in iter(lambda: f.read(CHUNK), b""):
                 hasher.update(chunk)
+            st = os.fstat(f.fileno())
     except FileNotFoundError:
-        return False
+        return False                # gone meanwhile (a prune, or a host that dropped it)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return False            # a symbolic link: never ours
+        raise
     if hasher.hexdigest() != digest:
-        os.unlink(path)
+        _drop(cache, digest, st)
         return False
-    _remember(cache, digest)
+    _remember(cache, digest, st)
     return True
 
 
-def want(rundir, cache, member=None):
-    """The hashes of the manifest that the cache does not hold yet. When it holds them all,
-    payload/ is assembled right away, saving the controller a round trip. `member` (host name,
-    its tasks) is recorded in the run directory; the answer names the filesystem, so that the
-    controller sends a workdir that hosts share only once."""
+def _no_follow(path, flags):
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+
+
+def _drop(cache, digest, wrong):
+    """Remove files/<digest>, found wrong as `wrong` (its stat), without ever removing a right
+    one: hosts sharing the workdir may find the same wrong file at once, and one of them may
+    already have stored the right content in its place. The file is moved aside (atomic), and
+    put back when what was moved is not the wrong file."""
+    path = cached(cache, digest)
+    aside = os.path.join(cache, "tmp", "%s.%d.%s.wrong" % (
+        digest[:16], os.getpid(), secrets.token_hex(4)))
+    _folders(cache)
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return                      # another host removed it first
+    try:
+        if os.lstat(aside).st_ino != wrong.st_ino:
+            _link_if_absent(aside, path)
+    finally:
+        os.unlink(aside)
+
+
+def _link_if_absent(source, path):
+    """Give `source` the name `path` unless that name exists; whether it did."""
+    try:
+        os.link(source, path)
+        return True
+    except FileExistsError:
+        return False
+
+
+@contextlib.contextmanager
+def pruning_lock(cache, exclusive):
+    """Held shared while a push decides which cached files it will use, exclusively while a
+    prune decides which to delete: a prune sees the manifest of every run that already
+    counted on a cached file, and a push never counts on a file a prune is deleting. A lock of
+    the whole file with fcntl (POSIX record locks), which NFS carries between machines."""
+    workdir = os.path.dirname(cache)
+    os.makedirs(workdir, exist_ok=True)
+    fd = os.open(os.path.join(workdir, PRUNE_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError as exc:
+            # An NFS mount without a lock manager: a push goes on without the lock (only a
+            # prune at that very moment could then cost it a file) rather than fail.
+            if exc.errno != errno.ENOLCK:
+                raise
+        yield
+    finally:
+        os.close(fd)           # releases the lock
+
+
+def want(rundir, cache, member=None, riders=None):
+    """The hashes of the manifest that the cache does not hold yet. `riders` (sha256 -> bytes:
+    small files that came with the stage) are verified and cached first. When the cache holds
+    them all, payload/ is assembled right away, saving the controller a round trip. `member`
+    (host name, its tasks) is recorded in the run directory; the answer names the filesystem,
+    so that the controller sends a workdir that hosts share only once."""
     answer = {}
     if member:
         share.join(rundir, member[0], [t for t in member[1].split(",") if t])
         answer["filesystem"] = share.filesystem_id(os.path.dirname(cache))
     files = read_manifest(rundir)
-    received = take_inline(rundir, cache, {d for _, d, _, _ in files})
-    missing = sorted({d for _, d, _, _ in files if not usable(cache, d)})
-    if not missing:
-        return dict(answer, missing=[], received=received, assembled=True,
-                    files=assemble(rundir, cache, files))
+    with pruning_lock(cache, exclusive=False):
+        received = take_riders(cache, riders or {}, {d: size for _, d, _, size in files})
+        missing = sorted({d for _, d, _, _ in files if not usable(cache, d)})
+        if not missing:
+            return dict(answer, missing=[], received=received, assembled=True,
+                        files=assemble(rundir, cache, files))
     return dict(answer, missing=missing, received=received, files=len(files))
 
 
@@ -135,34 +206,19 @@ def failure(what, verb, exc, cache, host=None):
     return "%s %s: %s" % (what, verb, exc)
 
 
-def take_inline(rundir, cache, expected):
-    """Cache the files that came with the manifest (after checking their hashes)."""
-    inline = os.path.join(rundir, INLINE_DIR)
-    if not os.path.isdir(inline):
-        return []
-    os.makedirs(os.path.join(cache, "tmp"), exist_ok=True)
-    os.makedirs(os.path.join(cache, "files"), exist_ok=True)
+def take_riders(cache, riders, expected):
+    """Cache the files that came with the stage (sha256 -> bytes) after checking their hashes;
+    the ones the cache lacked. They never touch the run directory: hosts sharing the workdir
+    take the same riders at once, each through a temporary file of its own (_store)."""
     taken = []
-    # A host sharing the workdir may be taking the same files at once: a file it took first is
-    # in the cache, and whatever is left here goes with the run directory.
-    for digest in sorted(os.listdir(inline)):
-        if digest not in expected:
+    if riders:
+        _folders(cache)
+    for digest, content in sorted(riders.items()):
+        if expected.get(digest) != len(content):
             raise CacheError("unexpected inline file %r" % digest)
-        path = os.path.join(inline, digest)
-        try:
-            if not usable(cache, digest):
-                with open(path, "rb") as source:
-                    _store(cache, os.path.join(cache, "tmp"), digest, source,
-                           os.fstat(source.fileno()).st_size)
-                taken.append(digest)
-            os.unlink(path)
-        except FileNotFoundError:
-            if not usable(cache, digest):
-                raise
-    try:
-        os.rmdir(inline)
-    except OSError:
-        pass
+        if not usable(cache, digest):
+            _store(cache, digest, io.BytesIO(content), len(content))
+            taken.append(digest)
     return taken
 
 
@@ -171,9 +227,7 @@ def receive(rundir, cache, stream):
     the cache."""
     files = read_manifest(rundir)
     expected = {d: size for _, d, _, size in files}
-    tmpdir = os.path.join(cache, "tmp")
-    os.makedirs(tmpdir, exist_ok=True)
-    os.makedirs(os.path.join(cache, "files"), exist_ok=True)
+    _folders(cache)
     _widen(stream)
     if stream.readline() != MAGIC:
         raise CacheError("the file stream does not start with %r" % MAGIC)
@@ -189,28 +243,39 @@ def receive(rundir, cache, stream):
             raise CacheError("file stream cut short or garbled at %r" % line[:80]) from None
         if expected.get(digest) != size:
             raise CacheError("unexpected file %s (%d bytes) in the stream" % (digest, size))
-        total += _store(cache, tmpdir, digest, stream, size, buf)
+        total += _store(cache, digest, stream, size, buf)
         received.append(digest)
     return {"received": received, "bytes": total, "files": assemble(rundir, cache, files)}
+
+
+def _folders(cache):
+    """tmp/ and files/, before files are stored (_store)."""
+    os.makedirs(os.path.join(cache, "tmp"), exist_ok=True)
+    os.makedirs(os.path.join(cache, "files"), exist_ok=True)
 
 
 def _widen(stream):
     """Let the pipe from sshd hold 1 MiB instead of 64 KiB (Linux), so that the stream keeps
     coming while a file is created or renamed here, instead of stalling sshd's window."""
     try:
-        import fcntl
         fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-    except (ImportError, AttributeError, OSError, ValueError):
+    except (AttributeError, OSError, ValueError):
         pass          # not a pipe, not Linux, or not allowed: the default size works too
 
 
-def _store(cache, tmpdir, digest, source, size, buf=None):
+def _store(cache, digest, source, size, buf=None):
     """Copy `size` bytes of `source` into the cache as `digest`, hashing while writing; the file
     enters files/ only when the hash matched. One reused buffer, written straight to the file
-    descriptor: no new bytes object per chunk."""
+    descriptor: no new bytes object per chunk.
+
+    Hosts sharing the workdir may store one content at once: each writes a temporary file of
+    its own in tmp/ and links it into files/ only if no file has that name yet, so the first
+    one stays (and the signature recorded is that of a file verified, whoever's it is). A file
+    found there with the wrong content is replaced."""
     view = memoryview(buf if buf is not None else bytearray(min(CHUNK, max(size, 1))))
     # Random, not the pid alone: hosts sharing the workdir share this directory too.
-    tmp = os.path.join(tmpdir, "%s.%d.%s" % (digest[:16], os.getpid(), secrets.token_hex(4)))
+    tmp = os.path.join(cache, "tmp", "%s.%d.%s" % (
+        digest[:16], os.getpid(), secrets.token_hex(4)))
     fd = _create(tmp)
     try:
         hasher, left = hashlib.sha256(), size
@@ -222,12 +287,16 @@ def _store(cache, tmpdir, digest, source, size, buf=None):
                 hasher.update(view[:n])
                 _write_all(fd, view[:n])
                 left -= n
+            st = os.fstat(fd)
         finally:
             os.close(fd)
         if hasher.hexdigest() != digest:
             raise CacheError("content of %s arrived with hash %s" % (digest, hasher.hexdigest()))
-        os.replace(tmp, cached(cache, digest))
-        _remember(cache, digest)
+        if _link_if_absent(tmp, cached(cache, digest)):
+            _remember(cache, digest, st)
+        elif not usable(cache, digest):
+            os.replace(tmp, cached(cache, digest))
+            _remember(cache, digest, st)
         return size
     finally:
         if os.path.exists(tmp):

@@ -11,8 +11,10 @@ It reuses the verified file cache and the atomic assembly of cache.py.
                                      deletes it, and the next run with the same data finds it.
 
 Asked by the agent (serve.py: the requests data-push, then data-receive):
-    want(RUNDIR, DATADIR, CACHE)   <rundir>/data-manifest.json: which contents the cache lacks;
-                                   when it lacks none, DATADIR is assembled at once
+    want(RUNDIR, DATADIR, CACHE)   <rundir>/data-<tree>.json: which contents the cache lacks;
+                                   when it lacks none, DATADIR is assembled at once. The
+                                   answer names the filesystem: hosts that share it and push
+                                   the same tree are sent its files once
     receive(RUNDIR, DATADIR, CACHE, STREAM)   those contents (cache.py's file stream): verify,
                                    cache, assemble DATADIR
 """
@@ -23,15 +25,29 @@ import shutil
 import tempfile
 
 from deploy.host import cache as cache_files
-from deploy.host.layout import DATA_MANIFEST as MANIFEST
+from deploy.host import share
 from deploy.host.layout import MANIFEST as PAYLOAD_MANIFEST
-from deploy.host.layout import PAYLOAD
+from deploy.host.layout import PAYLOAD, data_manifest
+
+
+def manifest_path(rundir, datadir):
+    """<rundir>/data-<tree>.json, the manifest of the tree DATADIR is named by."""
+    tree = os.path.basename(datadir)
+    if not cache_files.HEX64.match(tree):
+        raise cache_files.CacheError("data directory %s is not named by a tree's sha256"
+                                     % datadir)
+    return os.path.join(rundir, data_manifest(tree))
 
 
 def checked_manifest(rundir, datadir):
     """The manifest's files, after checking that DATADIR is named by its hash."""
-    with open(os.path.join(rundir, MANIFEST), "rb") as f:
-        raw = f.read()
+    path = manifest_path(rundir, datadir)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise cache_files.CacheError("data directory %s is not named by its manifest's hash: "
+                                     "the stage brought no %s" % (datadir, path)) from None
     tree = hashlib.sha256(raw).hexdigest()
     if os.path.basename(datadir) != tree:
         raise cache_files.CacheError("data directory %s is not named by its manifest's hash %s"
@@ -39,11 +55,12 @@ def checked_manifest(rundir, datadir):
     return json.loads(raw)["files"]
 
 
-def staging(rundir):
-    """A directory inside the run directory holding the manifest as cache.py expects it;
-    cache.py assembles <staging>/payload there (a leftover goes with the run directory)."""
+def staging(rundir, datadir):
+    """A directory of this host's own inside the run directory holding the manifest as cache.py
+    expects it; cache.py assembles <staging>/payload there (a leftover goes with the run
+    directory)."""
     tmp = tempfile.mkdtemp(prefix=".data-", dir=rundir)
-    shutil.copyfile(os.path.join(rundir, MANIFEST), os.path.join(tmp, PAYLOAD_MANIFEST))
+    shutil.copyfile(manifest_path(rundir, datadir), os.path.join(tmp, PAYLOAD_MANIFEST))
     return tmp
 
 
@@ -62,9 +79,11 @@ def place(tmp, datadir):
 
 def want(rundir, datadir, cache):
     files = checked_manifest(rundir, datadir)
+    filesystem = share.filesystem_id(os.path.dirname(cache))
     if os.path.isdir(datadir):
-        return {"present": True, "missing": [], "received": [], "files": len(files)}
-    tmp = staging(rundir)
+        return {"present": True, "missing": [], "received": [], "files": len(files),
+                "filesystem": filesystem}
+    tmp = staging(rundir, datadir)
     try:
         answer = cache_files.want(tmp, cache)
     except BaseException:
@@ -74,12 +93,12 @@ def want(rundir, datadir, cache):
         place(tmp, datadir)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dict(answer, present=False)
+    return dict(answer, present=False, filesystem=filesystem)
 
 
 def receive(rundir, datadir, cache, stream):
     checked_manifest(rundir, datadir)
-    tmp = staging(rundir)
+    tmp = staging(rundir, datadir)
     try:
         answer = cache_files.receive(tmp, cache, stream)
     except BaseException:

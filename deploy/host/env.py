@@ -3,6 +3,9 @@ others and renamed into place. Runs in the run directory of the setup.
 
     <workdir>/envs/<name>/                a finished environment (its name: envkey.py)
     <workdir>/envs/<name>/tfdeploy-env.json  written last: requirements hash, python version
+    <workdir>/envs/<name>.lock            locked by the host building that environment: hosts
+                                          sharing the workdir build it once, the others wait
+                                          and reuse it (build_lock)
     <rundir>/env-build/                   the environment while it is built; renamed to
                                           envs/<name> only once pip succeeded, so a half-built
                                           one is never used (a failed build goes with the run
@@ -14,9 +17,14 @@ others and renamed into place. Runs in the run directory of the setup.
 
 Verbs, both `RUNDIR`: `envstatus` answers whether the environment of the run directory's
 requirements.txt for this host (envkey.env_dir, under the run directory's workdir) is ready;
-`setup [wheelhouse]` builds it, printing one JSON line per step or pip output line, then the
+`setup HOST [wheelhouse]` builds it (HOST: the inventory's name of this host, shown to hosts
+that wait for its build), printing one JSON line per step or pip output line, then the
 result. The interpreter running them is the one the environment is built from and keyed by.
+Each host has a run directory of its own, also where hosts share the workdir.
 """
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -32,6 +40,9 @@ from deploy.host.layout import (
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 
 MARKER = "tfdeploy-env.json"
+# <workdir>/envs/<name>.lock: who builds that environment now (build_lock)
+LOCK_SUFFIX = ".lock"
+WAIT_POLL = 2.0
 # Distribution names whose versions the setup table shows.
 PACKAGES = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 VERSIONS = ("import importlib.metadata as m, json, platform\n"
@@ -100,11 +111,56 @@ def run_logged(argv, rundir):
         raise SetupError("%s failed with exit code %d" % (" ".join(argv[:4]), code))
 
 
-def setup(rundir, envdir, wheelhouse):
+@contextlib.contextmanager
+def build_lock(envdir, host):
+    """Held while this host builds `envdir`: hosts sharing the workdir (and a Python build, so
+    one environment name) build it once. A POSIX record lock (fcntl), which NFS carries between
+    machines, on <envdir>.lock, taken without blocking and tried again every WAIT_POLL seconds:
+    each try says whose build it waits for (the holder writes its name into the file), and a
+    controller gone meanwhile ends the waiter at that line (a broken pipe). The lock goes with
+    its holder's process, however that ends."""
+    fd = os.open(envdir + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno == errno.ENOLCK:
+                    break        # NFS without a lock manager: each host builds in its own dir
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another host"
+            say(event="step", text="waiting for %s, which builds this environment (%d s)" % (
+                holder, time.monotonic() - started))
+            time.sleep(WAIT_POLL)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, host.encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def setup(rundir, envdir, host, wheelhouse):
     want = wanted(rundir)
     if ready(envdir, want):
         say(event="step", text="environment exists: reusing it")
-        return {"event": "done", "reused": True, "env": envdir, "versions": versions(envdir)}
+        return reused(envdir)
+    os.makedirs(os.path.dirname(envdir), exist_ok=True)
+    with build_lock(envdir, host):
+        if ready(envdir, want):          # built by another host while this one waited
+            say(event="step", text="environment built meanwhile: reusing it")
+            return reused(envdir)
+        return build_env(rundir, envdir, want, wheelhouse)
+
+
+def reused(envdir):
+    return {"event": "done", "reused": True, "env": envdir, "versions": versions(envdir)}
+
+
+def build_env(rundir, envdir, want, wheelhouse):
+    """Build the environment in the run directory and rename it into place."""
     build = in_run(rundir, ENV_BUILD)
     say(event="step", text="creating the virtual environment (python %s)" % want["python"])
     run_logged([sys.executable, "-m", "venv", build], rundir)
@@ -118,7 +174,6 @@ def setup(rundir, envdir, wheelhouse):
     run_logged(install, rundir)
     with open(os.path.join(build, MARKER), "w") as f:
         json.dump(want, f)
-    os.makedirs(os.path.dirname(envdir), exist_ok=True)
     if os.path.lexists(envdir):
         # A stale one (unfinished, or its marker disagrees): it goes with this run's directory.
         os.rename(envdir, in_run(rundir, ENV_REPLACED))
@@ -149,7 +204,9 @@ def main(verb, args):
         envdir = env_dir(workdir_of(rundir), wanted(rundir)["requirements_sha256"])
         if verb == "envstatus":
             return envstatus(rundir, envdir)
-        return setup(rundir, envdir, args[1:2] == ["wheelhouse"])
+        return setup(rundir, envdir, args[1], args[2:3] == [WHEELHOUSE])
+    except BrokenPipeError:
+        raise SystemExit(1)      # the controller is gone: no one to tell
     except (SetupError, OSError, ValueError, subprocess.SubprocessError) as exc:
         say(event="error", message=str(exc))
         raise SystemExit(1)

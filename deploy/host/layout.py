@@ -7,6 +7,7 @@
                                     the last host whose teardown ends deletes the directory
         tfdeploy-host.zip           this package, run as `python -I tfdeploy-host.zip VERB ...`
         manifest.json               what payload/ must hold
+        data-<tree>.json            what a data directory <workdir>/data/<tree> must hold
         payload/                    the training program, assembled from the cache
         output/  backup/            TFDEPLOY_OUTPUT_DIR, TFDEPLOY_BACKUP_DIR of the tasks
         <type>-<i>.log .pid .exit   a task's output, supervisor and exit code: worker-0,
@@ -20,12 +21,14 @@
                                     is computed on the host (envkey.py)
     <workdir>/filesystem.json       {"id", "inode"}: the same id on every host that shares the
                                     workdir's filesystem, so that such hosts get one push
+    <workdir>/prune.lock            a push's use of the cache against a prune's deletions
 
 Everything is created with umask 077: nothing here is readable or writable by others.
 
 Paths are joined with "/" so that a leading `~/` stays for the host's shell to expand.
 """
 
+import hashlib
 import re
 
 RUNS = "runs"
@@ -39,20 +42,34 @@ ENVS = "envs"
 HOST_ZIP = "tfdeploy-host.zip"
 RUN_FILE = "run.json"
 MANIFEST = "manifest.json"
-DATA_MANIFEST = "data-manifest.json"
+# data-<tree sha256>.json: a data tree's manifest, named by its tree (data_manifest), since
+# hosts sharing a run directory may push different trees (one shard each)
+DATA_MANIFEST = re.compile(r"^data-[0-9a-f]{64}\.json$")
 REQUIREMENTS = "requirements.txt"
 PAYLOAD = "payload"
 OUTPUT = "output"
 BACKUP = "backup"
 HOSTS = "hosts"
 FILESYSTEM = "filesystem.json"
-INLINE = "inline"            # small payload files sent with the manifest: inline/<sha256>
+PRUNE_LOCK = "prune.lock"    # <workdir>/prune.lock (cache.pruning_lock)
+INLINE = "inline"            # small payload files in the stage, inline/<sha256>: cached at once,
+                             # never written into the run directory
 BUILD_PID = "build.pid"
 ENV_BUILD = "env-build"
 ENV_REPLACED = "env-replaced"
 WHEELHOUSE = "wheelhouse"
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 TASK_FILE_KINDS = ("log", "pid", "exit")
+
+
+def host_run_id(run_id, host):
+    """The run id of `host`'s own directory of run `run_id` (inv setup's: hosts sharing a
+    workdir must not build in one directory): `<run id>-<host>`, or the host's name hashed
+    where that would not be a run id."""
+    mine = "%s-%s" % (run_id, host)
+    if RUN_ID.match(mine):
+        return mine
+    return "%s-%s" % (run_id, hashlib.sha256(host.encode()).hexdigest()[:16])
 
 
 def run_dir(workdir, run_id):
@@ -65,6 +82,11 @@ def cache_dir(workdir):
 
 def data_dir(workdir, tree):
     return "%s/%s/%s" % (workdir, DATA, tree)
+
+
+def data_manifest(tree):
+    """The name in the run directory of the manifest of data tree `tree` (its sha256)."""
+    return "data-%s.json" % tree
 
 
 def workdir_of(rundir):

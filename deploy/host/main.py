@@ -6,8 +6,10 @@ Each verb prints one JSON document on stdout (setup: a stream of JSON lines).
     supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
     cleanup RUNDIR GRACE [HOST]         stop, then delete the run directory once no other host
                                         sharing it (the same workdir) uses it
-    envstatus|setup RUNDIR [wheelhouse]     inv setup's environment for the run directory's
-                                        requirements.txt on this host (env.py, envkey.py)
+    envstatus RUNDIR                    whether inv setup's environment for the run
+                                        directory's requirements.txt is ready on this host
+    setup RUNDIR HOST [wheelhouse]      build it, once for hosts sharing the workdir (env.py,
+                                        envkey.py)
 """
 import json
 import os

@@ -15,15 +15,18 @@ requirements, whichever host built it: hosts sharing the workdir each have their
 
 Only names of the layout are touched (run ids with their run.json, sha256 file names,
 environment names); symbolic links are never followed. The answer says per kind what went (or
-would go, with `dry`): counts and bytes.
+would go, with `dry`): counts, and the bytes really freed (a file counts once all its names
+go: Freed). Hosts sharing the workdir may prune while others push: the deletions happen under
+the cache's pruning lock (cache.pruning_lock).
 """
 import collections
 import os
 import re
 import shutil
+import stat
 import time
 
-from deploy.host.cache import HEX64
+from deploy.host.cache import HEX64, pruning_lock
 from deploy.host.check import unsafe_workdir
 from deploy.host.envkey import ENV_NAME, built_from
 from deploy.host.layout import (
@@ -35,30 +38,52 @@ from deploy.host.teardown import group_members
 
 # How earlier versions of tfdeploy named environments: freed, since nothing looks for them.
 OLD_ENV_NAME = re.compile(r"^[0-9a-f]{16}$")
+KINDS = ("runs", "files", "envs")
 
 
-def tree_bytes(path):
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
+class Freed:
+    """What a prune frees, counted per file (inode) rather than per name: the payload in a run
+    directory is hard links into the cache, so deleting a run directory frees its payload's
+    bytes only when their cached names go too. A file counts, for the kind of its last name
+    seen (cached files after run directories: the content is the cache's), once every one of
+    its names is among those going."""
+
+    def __init__(self):
+        self.names = collections.Counter()     # (device, inode) -> names of it going
+        self.stats, self.kinds = {}, {}
+        self.counts = collections.Counter()    # kind -> entries going (runs, files, envs)
+
+    def going(self, kind, path):
+        """`path` (a file, or a directory with everything in it) goes, as one `kind`."""
+        self.counts[kind] += 1
+        for name in _files_under(path):
             try:
-                total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def inode_links(path):
-    """(device, inode) of every file under `path`, with the number of its names there."""
-    found = collections.Counter()
-    for folder, _, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(folder, name))
+                st = os.lstat(name)
             except OSError:
                 continue
-            found[(st.st_dev, st.st_ino)] += 1
-    return found
+            key = (st.st_dev, st.st_ino)
+            self.names[key] += 1
+            self.stats[key], self.kinds[key] = st, kind
+
+    def other_names(self, st):
+        """How many names of the file `st` stay (that are not going)."""
+        return st.st_nlink - self.names[(st.st_dev, st.st_ino)]
+
+    def report(self):
+        freed = {kind: {"count": self.counts[kind], "bytes": 0} for kind in KINDS}
+        for key, st in self.stats.items():
+            if self.names[key] >= st.st_nlink:
+                freed[self.kinds[key]]["bytes"] += st.st_size
+        return freed
+
+
+def _files_under(path):
+    if not os.path.isdir(path) or os.path.islink(path):
+        yield path
+        return
+    for folder, _, files in os.walk(path):
+        for name in files:
+            yield os.path.join(folder, name)
 
 
 def newest_change(path):
@@ -107,7 +132,7 @@ def run_dirs(workdir):
 
 def needed_files(rundir):
     needed = set()
-    for name in (MANIFEST, DATA_MANIFEST):
+    for name in [MANIFEST] + [n for n in os.listdir(rundir) if DATA_MANIFEST.match(n)]:
         doc = read_json(os.path.join(rundir, name)) or {}
         needed.update(entry[1] for entry in doc.get("files", []))
     return needed
@@ -119,35 +144,35 @@ def prune(workdir, host, keep, age, dry, now=None):
     if problem:
         raise SystemExit(problem)
     now = time.time() if now is None else now
-    freed = {"runs": [0, 0], "files": [0, 0], "envs": [0, 0]}
+    if dry:                    # deletes nothing, so races with nothing, and writes no lock
+        return _prune(workdir, host, keep, age, True, now)
+    # Exclusive against pushes (cache.pruning_lock): every push that already counted on a
+    # cached file has its manifest in its run directory, seen here; none counts on one while
+    # this prune deletes.
+    with pruning_lock(os.path.join(workdir, CACHE), exclusive=True):
+        return _prune(workdir, host, keep, age, False, now)
+
+
+def _prune(workdir, host, keep, age, dry, now):
+    freed, gone = Freed(), []
     needed = set(keep.get("files", []))
-    links = collections.Counter()
     for run_id, path in run_dirs(workdir):
         if (run_id in keep.get("runs", []) or maybe_live(path, run_id, host)
                 or now - newest_change(path) < age):
             needed |= needed_files(path)
             continue
-        freed["runs"][0] += 1
-        freed["runs"][1] += tree_bytes(path)
-        if dry:
-            links.update(inode_links(path))    # a dry run counts them as deleted too
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+        freed.going("runs", path)
+        gone.append(path)
     files = os.path.join(workdir, CACHE, "files")
     for name in sorted(os.listdir(files)) if os.path.isdir(files) else []:
         path = os.path.join(files, name)
         st = os.lstat(path)
-        if (not HEX64.match(name) or name in needed or not os.path.isfile(path)
-                or st.st_nlink - links[(st.st_dev, st.st_ino)] > 1):
+        # A file linked elsewhere too (a data tree, a kept payload) would free nothing.
+        if not HEX64.match(name) or name in needed or not stat.S_ISREG(st.st_mode) \
+                or freed.other_names(st) > 1:
             continue
-        freed["files"][0] += 1
-        freed["files"][1] += st.st_size
-        if not dry:
-            for gone in (path, os.path.join(workdir, CACHE, "verified", name)):
-                try:
-                    os.unlink(gone)
-                except FileNotFoundError:
-                    pass
+        freed.going("files", path)
+        gone += [path, os.path.join(workdir, CACHE, "verified", name)]
     envs = os.path.join(workdir, ENVS)
     for name in sorted(os.listdir(envs)) if os.path.isdir(envs) else []:
         path = os.path.join(envs, name)
@@ -155,8 +180,15 @@ def prune(workdir, host, keep, age, dry, now=None):
                 or built_from(name, keep.get("requirements", [])) or os.path.islink(path) \
                 or not os.path.isdir(path):
             continue
-        freed["envs"][0] += 1
-        freed["envs"][1] += tree_bytes(path)
-        if not dry:
-            shutil.rmtree(path, ignore_errors=True)
-    return {kind: {"count": c, "bytes": b} for kind, (c, b) in freed.items()}
+        freed.going("envs", path)
+        gone.append(path)
+    if not dry:
+        for path in gone:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+    return freed.report()

@@ -128,11 +128,11 @@ def stage(verb, args, body):
     `data-push`: a data directory) and the room left where the files would go: the
     controller sends nothing to a host without room for what it lacks."""
     rundir = args[0]
-    unpack_stage(rundir, body)
+    riders = unpack_stage(rundir, body)
     if verb == "push":
         cache_dir = args[1]
         answer = pushing("payload", verb, cache_dir, args[2:3],
-                         lambda: cache.want(rundir, cache_dir, args[2:4] or None))
+                         lambda: cache.want(rundir, cache_dir, args[2:4] or None, riders))
     else:
         cache_dir = args[2]
         answer = pushing("data", verb, cache_dir, (),

@@ -5,13 +5,14 @@ and libc, computed on the host by the interpreter that builds it (deploy/host/en
 train`'s launch and `inv check`'s probe find it by the same function): an unchanged file
 reuses it, a changed one gets a new one beside it, and so does a host whose python3 was
 upgraded or that shares the workdir but runs another build. The host answers where its
-environment is.
+environment is. Hosts that share a workdir and one environment build it once: the first takes
+its lock, the others wait and reuse it (deploy/host/env.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deploy.host.layout import WHEELHOUSE
+from deploy.host.layout import WHEELHOUSE, host_run_id
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Command, HostPath, Shell
 from deploy.plan.planner import cleanup_command, host_agent, run_dir
@@ -20,6 +21,7 @@ from deploy.plan.planner import cleanup_command, host_agent, run_dir
 @dataclass(frozen=True)
 class HostSetup:
     host: Host
+    run_id: str                  # the host's own: hosts sharing a workdir build apart
     run_dir: str
     status: Command
     wheels: Command
@@ -34,19 +36,24 @@ class SetupPlan:
 
 
 def plan_setup(inventory: Inventory, run_id: str, wheelhouse: bool) -> SetupPlan:
-    """The host finds the requirements.txt the status command unpacks into the run directory."""
+    """The host finds the requirements.txt the status command unpacks into the run directory,
+    a directory of its own (layout.host_run_id): hosts that share a workdir each unpack, keep
+    a build and clean up there. The build is told the host's name: the host that builds an
+    environment others wait for names itself to them."""
     plans = []
     for host in inventory.hosts:
-        rundir = run_dir(host, run_id)
+        own = host_run_id(run_id, host.name)
+        rundir = run_dir(host, own)
         into = HostPath(rundir)
         status = host_agent(host, rundir, "envstatus")
         plans.append(HostSetup(
-            host=host, run_dir=rundir,
+            host=host, run_id=own, run_dir=rundir,
             status=Command(("mkdir", "-p", into, Shell("&&"), "tar", "-xzf", "-", "-C", into,
                             Shell("&&"), *status.argv),
                            stdin="tar.gz of run.json, the host package and requirements.txt"),
             wheels=Command(("tar", "-xf", "-", "-C", into), stdin="tar of the wheelhouse"),
-            build=host_agent(host, rundir, "setup", *([WHEELHOUSE] if wheelhouse else [])),
+            build=host_agent(host, rundir, "setup", host.name,
+                             *([WHEELHOUSE] if wheelhouse else [])),
             cleanup=cleanup_command(host, rundir, 1.0)))
     return SetupPlan(run_id, tuple(plans))
 

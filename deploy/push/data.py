@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.host.layout import DATA_MANIFEST
+from deploy.host.layout import data_manifest
 from deploy.inventory.model import Host, Inventory, InventoryError
 from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import (
@@ -55,10 +55,10 @@ class DataTree:
         return cls(root, files, json.dumps(manifest_document(files)).encode())
 
     def stage(self) -> bytes:
-        """The data step's tar.gz: the manifest, into the run dir."""
+        """The data step's tar.gz: the manifest, into the run dir under the tree's name."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-            add_bytes(tar, DATA_MANIFEST, self.manifest)
+            add_bytes(tar, data_manifest(self.sha256), self.manifest)
         return buf.getvalue()
 
 
@@ -128,7 +128,9 @@ class DataPush:
             total += len(tree.files)
             new += sum(1 for f in tree.files if f.sha256 in lacking)
             size += sum({f.sha256: f.size for f in tree.files if f.sha256 in lacking}.values())
-        receivers = sum(1 for a in answers.values() if a["missing"] or a["received"])
+        # A host sharing a workdir with another that pushes the same tree is sent nothing.
+        receivers = sum(1 for a in answers.values()
+                        if not a.get("shared_with") and (a["missing"] or a["received"]))
         return (f"data: {new} of {total} file(s) new ({size_text(size)}) → "
                 f"{receivers} of {len(answers)} host(s)")
 
@@ -151,7 +153,7 @@ class DataPush:
                     plans, "data", lambda hp: hp.data_push,
                     lambda hp: stages[hp.host.data.path],
                     lambda hp, wanted: self.content(self.trees[hp.host.data.path], wanted),
-                    on_answers)
+                    on_answers, group=lambda hp: hp.host.data.tree)
             self.hashes.save()
         record = {}
         for hp in plan.hosts:
@@ -164,4 +166,6 @@ class DataPush:
                     tree=hp.host.data.tree, files=answer["files"], present=answer["present"],
                     missing=answer["missing"], received=answer["received"],
                     bytes=answer.get("bytes", 0))
+                if answer.get("shared_with"):
+                    record[hp.host.name]["shared_with"] = answer["shared_with"]
         return {"hosts": record}

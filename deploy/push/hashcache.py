@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from deploy.host.rundir import write_atomic
+
 CHUNK = 1 << 20
 SETTLE_NS = 3_000_000_000
 
@@ -57,8 +59,7 @@ class HashCache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.seen))
-            os.replace(tmp, self.path)
+            # Two controllers sharing a runs directory may save at once: the last one wins.
+            write_atomic(str(self.path), json.dumps(self.seen))
         except OSError:
             pass

@@ -79,7 +79,10 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     detached = launched = False
     abandoned = None
     try:
-        write_json(local_dir / localdir.PUSH, payload.send(session, skeleton, console))
+        pushed = payload.send(session, skeleton, console)
+        run.filesystems = {name: answer.get("filesystem")
+                           for name, answer in pushed["hosts"].items()}
+        write_json(local_dir / localdir.PUSH, pushed)
         if any(hp.data_dir for hp in skeleton.hosts):
             write_json(local_dir / localdir.DATA, data.send(session, skeleton, console))
         with console.status("choosing ports…"):

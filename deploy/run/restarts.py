@@ -64,19 +64,23 @@ class Restarter:
         console = run.console
         say(console, f"restart {run.attempt - 1} of {self.limit}: {task.name} failed ({reason}); "
                      "stopping the cluster, carrying the chief's backup, relaunching…", "yellow")
-        size = relaunch(run, self.inventory, self.options, self.limit, carry_backup=True)
-        if size is not None:
-            say(console, f"attempt {run.attempt} started (backup of {size / 1024:.0f} KiB "
-                         "carried); cluster " + ", ".join(t.endpoint for t in run.plan.tasks),
+        carried = relaunch(run, self.inventory, self.options, self.limit, carry_backup=True)
+        if carried is not None:
+            size, written = carried
+            where = (f"carried to {len(written)} other workdir(s)" if written
+                     else "every host shares the chief's workdir")
+            say(console, f"attempt {run.attempt} started (backup of {size / 1024:.0f} KiB, "
+                         f"{where}); cluster " + ", ".join(t.endpoint for t in run.plan.tasks),
                 "yellow")
 
 
 def relaunch(run, inventory: Inventory, options: Options, restarts: int,
-             carry_backup: bool) -> int | None:
+             carry_backup: bool) -> tuple[int, list[str]] | None:
     """Stop every task of the attempt that failed, choose fresh ports and start attempt
     `run.attempt` of every task (with the chief's backup carried to every host first, when
-    `carry_backup`). The size of the backup carried; None when the failed attempt could not be
-    stopped everywhere (its problems are the run's: it ends with them)."""
+    `carry_backup`). The size of the backup carried and the hosts it was written to; None when
+    the failed attempt could not be stopped everywhere (its problems are the run's: it ends
+    with them)."""
     console, session = run.console, run.session
     with console.status("stopping every task of the failed attempt…"):
         problems = list(session.stop(run.plan).values())
@@ -85,7 +89,7 @@ def relaunch(run, inventory: Inventory, options: Options, restarts: int,
         return None
     with console.status("carrying the chief's backup to every host…" if carry_backup
                         else "choosing new ports…"):
-        size = session.carry_backup(run.plan) if carry_backup else 0
+        carried = session.carry_backup(run.plan, run.filesystems) if carry_backup else (0, [])
         ports = session.free_ports(run.plan)
     run.plan = plan_run(inventory, options, run.plan.run_id, ports)
     write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),
@@ -95,4 +99,4 @@ def relaunch(run, inventory: Inventory, options: Options, restarts: int,
     run.failure = None
     with console.status(f"starting attempt {run.attempt}…"):
         session.launch(run.plan, attempt=run.attempt)
-    return size
+    return carried

@@ -56,6 +56,9 @@ class Run:
         self.problems: list[str] = []       # what teardown could not do, by host
         self.attempts: list[dict] = []      # the failed attempts of --restarts
         self.attempt = 1
+        # Host name -> the filesystem id its payload push answered (deploy/host/share.py):
+        # hosts with one id share the run directory, and --restarts carries the backup once.
+        self.filesystems: dict[str, str | None] = {}
         # Ctrl-C while following stops the run (inv train), or only the following (inv logs).
         self.interrupt_stops = True
         self.stopped_clean = False          # every host answered a stop: none survived

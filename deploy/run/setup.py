@@ -83,7 +83,8 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
         session = Session.open(inventory, connect_timeout, accept_new_host_keys, agents=False)
     progress = {hp.host.name: HostProgress(hp.host.name) for hp in plan.hosts}
     try:
-        _run(session, plan, stage(run_id, data), wheels, progress, console)
+        _run(session, plan, {hp.host.name: stage(hp.run_id, data) for hp in plan.hosts}, wheels,
+             progress, console)
     finally:
         problems = _cleanup(session, plan)
         session.close()
@@ -104,14 +105,14 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
     return 1 if failed or problems else 0
 
 
-def _run(session: Session, plan: SetupPlan, stage_tar: bytes, wheels: list[Path],
+def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: list[Path],
          progress: dict[str, HostProgress], console: Console) -> None:
     t = session.transports
     with console.status("checking existing environments…"):
         status = on_all("checking environments", plan.hosts, lambda hp: hp.host.name,
-                        lambda hp: agent_json(t[hp.host.name].run(hp.status.line, stdin=stage_tar,
-                                                                  timeout=120),
-                                              hp.host, "environment check"))
+                        lambda hp: agent_json(t[hp.host.name].run(
+                            hp.status.line, stdin=stages[hp.host.name], timeout=120),
+                            hp.host, "environment check"))
     todo = []
     for hp in plan.hosts:
         p = progress[hp.host.name]

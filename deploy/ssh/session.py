@@ -13,7 +13,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping
 
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Request
@@ -55,17 +55,34 @@ def agent_json(result: CommandResult, host: Host, step: str) -> dict:
     return doc
 
 
-def sharing(filesystems: Mapping[str, str | None]) -> dict[str, str]:
-    """Hosts whose push answers name one filesystem (a workdir they share, deploy/host/share.py):
-    follower name -> the first such host (in the given order), which alone is sent files."""
-    first: dict[str, str] = {}
+def sharing(groups: Mapping[str, Hashable | None]) -> dict[str, str]:
+    """Hosts whose push answers name one group (a workdir they share, deploy/host/share.py, and
+    for data the same tree): follower name -> the first such host (in the given order), which
+    alone is sent files. None is a group of its own (a filesystem that could not be told)."""
+    first: dict[Hashable, str] = {}
     followers = {}
-    for name, fs in filesystems.items():
-        if fs:
-            leader = first.setdefault(fs, name)
+    for name, group in groups.items():
+        if group is not None:
+            leader = first.setdefault(group, name)
             if leader != name:
                 followers[name] = leader
     return followers
+
+
+def filesystem_groups(filesystems: Mapping[str, str | None],
+                      key: Callable[[str], Hashable] = lambda name: "") -> dict[str, Hashable]:
+    """Each host's group for sharing(): its filesystem id with `key` of the host; None for a
+    host whose filesystem was not told."""
+    return {name: None if not fs else (fs, key(name)) for name, fs in filesystems.items()}
+
+
+def backup_targets(chief: str, hosts: Iterable[str],
+                   filesystems: Mapping[str, str | None]) -> list[str]:
+    """The hosts to write the chief's backup to: one per filesystem (the first in order), none
+    on the chief's own, and each whose filesystem is not known."""
+    names = [chief, *(name for name in hosts if name != chief)]
+    followers = sharing(filesystem_groups({name: filesystems.get(name) for name in names}))
+    return [name for name in names[1:] if name not in followers]
 
 
 class Session:
@@ -128,6 +145,7 @@ class Session:
              stage: Callable[[HostPlan], bytes],
              content: Callable[[HostPlan, frozenset[str]], Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
+             group: Callable[[HostPlan], Hashable] = lambda hp: "",
              ) -> dict[str, dict]:
         """Two requests per host: the stage (its helper and manifest; for the payload also
         small recent files) is answered with the file contents the host's cache still lacks;
@@ -136,11 +154,14 @@ class Session:
         trip). `what` ("payload", "data") names the steps in errors. Returns each host's
         record: missing hashes, received (both steps), files.
 
-        Hosts that share a workdir are sent the files once: the others wait for that push to
-        end, then get an empty stream and find payload/ (or the cached files) there."""
+        Hosts that share a workdir (and `group`: for data, the same tree) are sent the files
+        once: the others wait for that push to end, then get an empty stream and find payload/
+        (or the cached files) there. Each answer keeps the filesystem id it named."""
         wants = self.ask_all(f"{what} push", plans, request, 120, stage)
-        filesystems = {hp.host.name: wants[hp.host.name].pop("filesystem", None) for hp in plans}
-        for follower, leader in sharing(filesystems).items():
+        by_name = {hp.host.name: hp for hp in plans}
+        groups = filesystem_groups({name: want.get("filesystem") for name, want in wants.items()},
+                                   lambda name: group(by_name[name]))
+        for follower, leader in sharing(groups).items():
             wants[follower]["shared_with"] = leader
         on_answers(wants)
         done = {hp.host.name: threading.Event() for hp in plans}
@@ -167,9 +188,10 @@ class Session:
             except StepFailed:
                 agent.resync(reply)      # the teardown needs an agent that reads requests
                 raise
+            told = {"filesystem": want["filesystem"]} if "filesystem" in want else {}
             if leader:
-                return {**answer, "missing": [], "received": [], "shared_with": leader}
-            return {**answer, "missing": want["missing"],
+                return {**answer, **told, "missing": [], "received": [], "shared_with": leader}
+            return {**answer, **told, "missing": want["missing"],
                     "received": want["received"] + answer["received"]}
         return on_all(f"sending {what} files", plans, lambda hp: hp.host.name, send)
 
@@ -239,18 +261,24 @@ class Session:
             tar.extractall(into, filter="data")
             return sum(1 for m in tar.getmembers() if m.isfile())
 
-    def carry_backup(self, plan: RunPlan) -> int:
+    def carry_backup(self, plan: RunPlan, filesystems: Mapping[str, str | None],
+                     ) -> tuple[int, list[str]]:
         """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
         bare machines; BackupAndRestore restores every worker from the chief's backup).
-        Returns the size of the archive carried."""
+        `filesystems` (host name -> the filesystem id its push answered): hosts sharing a
+        workdir share the run directory, so the backup is written once per filesystem, and
+        not at all where the chief's own is. Returns the size of the archive carried and the
+        hosts it was written to."""
         chief = plan.chief_host
         data = self.agents[chief.host.name].ask(fetch_backup_request(chief.run_dir),
                                                 "fetching the backup").wait(600).get("body") \
             or _empty_tar_gz()
-        others = [hp for hp in plan.hosts if hp is not chief]
+        targets = backup_targets(chief.host.name, [hp.host.name for hp in plan.hosts],
+                                 filesystems)
+        others = [hp for hp in plan.hosts if hp.host.name in targets]
         self.ask_all("carrying the backup", others,
                      lambda hp: replace_backup_request(hp.run_dir), 600, lambda hp: data)
-        return len(data)
+        return len(data), [hp.host.name for hp in others]
 
 
 def gather(replies: Mapping, timeout: float) -> tuple[dict, dict[object, BaseException]]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from deploy.errors import BadInput
 from deploy.host.layout import RUN_ID
+from deploy.host.rundir import write_atomic
 from deploy.inventory.datasource import DataSource
 from deploy.inventory.load import MAX_WORKERS_PER_HOST, workdir_problem
 from deploy.inventory.model import ROLES, Host, Inventory
@@ -205,9 +206,7 @@ def new_run_id() -> str:
 
 def write_json(path: Path, doc: dict) -> None:
     """Atomically: a reader (another shell's `inv runs`) sees the old or the new file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(str(path), json.dumps(doc, indent=2) + "\n")
 
 
 def write_record(run_dir: Path, record: RunRecord) -> None:

@@ -47,8 +47,9 @@ def build_wheel(tmp_path: Path, version: str, wheelhouse: Path) -> None:
 
 
 def envs(workdir: Path) -> list[Path]:
+    """The environments (directories; beside them, each one's build lock)."""
     root = workdir / "envs"
-    return sorted(p for p in root.iterdir()) if root.exists() else []
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []
 
 
 def import_version(env: Path) -> str:
@@ -187,10 +188,13 @@ def test_ctrl_c_during_setup_stops_pip_on_every_host_and_removes_the_setup_dirs(
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "pip never asked the index"
             time.sleep(0.1)
-        (setup_dir,) = {p.name for w in workdirs.values() for p in (w / "runs").iterdir()}
-        pips = [json.loads((w / "runs" / setup_dir / "build.pid").read_text())["pgid"]
-                for w in workdirs.values()]
-        assert set(pips) <= set(processes_of_run(setup_dir))
+        setup_dirs = []
+        for work in workdirs.values():
+            (setup_dir,) = (work / "runs").iterdir()     # the host's own: setup id and name
+            pip = json.loads((setup_dir / "build.pid").read_text())["pgid"]
+            assert pip in processes_of_run(setup_dir.name)
+            setup_dirs.append(setup_dir.name)
+        assert len(set(setup_dirs)) == len(workdirs)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -199,7 +203,8 @@ def test_ctrl_c_during_setup_stops_pip_on_every_host_and_removes_the_setup_dirs(
         for conn in accepted:
             conn.close()
     assert proc.returncode == 130, out
-    assert wait_until_gone(setup_dir, timeout=5) == []
+    for setup_dir in setup_dirs:
+        assert wait_until_gone(setup_dir, timeout=5) == []
     for work in workdirs.values():
         assert list((work / "runs").iterdir()) == [] and envs(work) == []
 
@@ -220,9 +225,8 @@ def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(
     so that a pyenv set up by the shell's startup files defers to that PATH). Each host names
     its environment by its own build (deploy/host/envkey.py): two environments of one
     requirements.txt side by side, neither replacing the other, each host's probe and task run
-    by its own, both kept by a prune that keeps the payload and freed by one that does not. `inv
-    setup` runs host by host: hosts sharing a workdir are not coordinated when they set up at
-    once (docs/shared-homes.md)."""
+    by its own, both kept by a prune that keeps the payload and freed by one that does not.
+    (Hosts sharing a workdir that set up at once: test_shared_stress.py.)"""
     wheelhouse = tmp_path / "wheelhouse"
     build_wheel(tmp_path, "1.0", wheelhouse)
     payload = tmp_path / "payload"

@@ -216,6 +216,7 @@ def want(agent, tree: DataTree, rundir: Path, datadir: str | None = None) -> dic
     answer = agent.agent.ask(data_request("data-push", rundir, datadir), "data-push",
                              tree.stage()).wait(60)
     assert answer.pop("disk_free") > 0 and answer.pop("disk_path")
+    assert answer.pop("filesystem")          # hosts that share it are sent the tree once
     return answer
 
 
@@ -353,3 +354,20 @@ def test_the_agent_refuses_to_start_a_task_without_its_data_dir(agent, tmp_path)
         agent.ask("launch", rundir, "0", tmp_path, "--", sys.executable, "-c", "pass",
                   TFDEPLOY_RUN_ID=RUN_ID, TFDEPLOY_DATA_DIR=str(tmp_path / "nowhere"))
     assert not (tmp_path / "nowhere").exists() and not (rundir / "worker-0.pid").exists()
+
+
+def test_two_trees_pushed_into_one_run_directory_keep_their_own_manifests(agent, tmp_path, lab):
+    """Hosts sharing a workdir (so one run directory) with a shard each: each tree's manifest
+    is named by the tree, and neither push reads the other's."""
+    data = DataPush(lab)
+    a, b = (data.trees[lab.hosts[i].data.path] for i in (0, 1))
+    rundir = host_run_dir(tmp_path, "r1")
+    wanted = {tree.sha256: want(agent, tree, rundir) for tree in (a, b)}
+    for tree in (a, b):
+        stream = b"".join(data.content(tree, frozenset(wanted[tree.sha256]["missing"])))
+        receive(agent, rundir, str(tmp_path / "work" / "data" / tree.sha256), stream)
+    assert sorted(p.name for p in rundir.glob("data-*.json")) == sorted(
+        f"data-{t.sha256}.json" for t in (a, b))
+    data_dirs = tmp_path / "work" / "data"
+    assert (data_dirs / a.sha256 / "sub" / "part-1.bin").read_bytes() == b"a1"
+    assert (data_dirs / b.sha256 / "part-0.bin").read_bytes() == b"B" * 3000

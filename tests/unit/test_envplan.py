@@ -4,16 +4,22 @@ ready check, relocation)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import sys
+import threading
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from deploy.host import env as hostenv
 from deploy.host import envkey
 from deploy.host.envkey import env_dir, env_name, env_python, host_facts, host_key
+from deploy.host.layout import RUN_ID as RUN_ID_PATTERN
+from deploy.host.layout import host_run_id
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.setup import plan_setup
@@ -112,14 +118,23 @@ def test_train_prefers_the_env_unless_the_host_names_its_python(inventory):
 def test_setup_plan_commands(inventory):
     plan = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=True)
     plain = plan.hosts[0]
-    assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}"
+    # Each host a directory of its own: hosts sharing a workdir never build in one.
+    assert plain.run_id == f"setup-{RUN_ID}-plain" and RUN_ID_PATTERN.match(plain.run_id)
+    assert len({hp.run_dir for hp in plan.hosts}) == len(plan.hosts)
+    assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}-plain"
     assert plain.status.line.startswith(f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
     assert plain.status.line.endswith(f" envstatus {plain.run_dir}")
-    assert plain.build.line.endswith(f" setup {plain.run_dir} wheelhouse")
+    assert plain.build.line.endswith(f" setup {plain.run_dir} plain wheelhouse")
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"
     assert f" cleanup {plain.run_dir} " in plain.cleanup.line
     bare = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=False).hosts[0]
-    assert bare.build.line.endswith(f" setup {plain.run_dir}")
+    assert bare.build.line.endswith(f" setup {plain.run_dir} plain")
+
+
+def test_a_host_run_id_is_a_run_id_whatever_the_host_is_called():
+    assert host_run_id("setup-1", "h1") == "setup-1-h1"
+    long = host_run_id("setup-" + RUN_ID, "h" * 200)
+    assert RUN_ID_PATTERN.match(long) and long != host_run_id("setup-" + RUN_ID, "h" * 201)
 
 
 def fake_env(root: Path, want: dict) -> Path:
@@ -158,3 +173,48 @@ def test_relocate_points_scripts_at_the_final_place(tmp_path):
     assert build not in (env / "bin" / "activate").read_text()
     assert build not in (env / "pyvenv.cfg").read_text()
     assert os.readlink(env / "bin" / "python") == sys.executable
+
+
+def build_as_holder(envdir: str, want: dict, held, release) -> None:
+    """Another host sharing the workdir: it takes the build lock, builds (a fake environment),
+    and lets go when told."""
+    with hostenv.build_lock(envdir, "h1"):
+        held.set()
+        release.wait(30)
+        fake_env(Path(envdir), want)
+
+
+def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_path, capsys):
+    """h1 builds; h2 (another process, as another host) finds the environment missing, waits
+    for the lock saying whose build it waits for, then reuses what h1 built."""
+    rundir = tmp_path / "work" / "runs" / "setup-1-h2"
+    rundir.mkdir(parents=True)
+    (rundir / "requirements.txt").write_text("tinypkg==1.0\n")
+    want = hostenv.wanted(str(rundir))
+    envdir = tmp_path / "work" / "envs" / "e"
+    envdir.parent.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=build_as_holder, args=(str(envdir), want, held, release))
+    holder.start()
+    done = []
+    try:
+        assert held.wait(10)
+        waiter = threading.Thread(target=lambda: done.append(
+            hostenv.setup(str(rundir), str(envdir), "h2", False)))
+        with mock.patch.object(hostenv, "WAIT_POLL", 0.05):
+            waiter.start()
+            time.sleep(0.5)
+            assert not done
+            release.set()
+            waiter.join(30)
+    finally:
+        release.set()
+        holder.join()
+    assert done[0]["reused"] is True and done[0]["env"] == str(envdir)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    texts = [line.get("text", "") for line in lines]
+    assert any(t.startswith("waiting for h1, which builds this environment (") for t in texts)
+    assert texts[-1] == "environment built meanwhile: reusing it"
+    assert (envdir.parent / "e.lock").read_text() == "h2"     # the last holder's name
+    assert not (rundir / "env-build").exists()

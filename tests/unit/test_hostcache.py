@@ -13,6 +13,7 @@ import pytest
 
 import hostpkg
 from deploy.host import cache as hostcache
+from deploy.host.stage import unpack_stage
 from deploy.plan.command import Request
 from deploy.push.bundle import FileStream, manifest, manifest_document, stage_tar
 from deploy.ssh.agent import StepFailed
@@ -162,22 +163,37 @@ def test_files_riding_with_the_manifest_are_verified_cached_and_spare_a_round_tr
     cache = tmp_path / "work" / "cache"
     rundir, files = new_run(tmp_path, payload, "r2")
     changed = next(f for f in files if f.path == "pkg/a.py")
-    (rundir / "inline").mkdir()
-    (rundir / "inline" / changed.sha256).write_bytes(b"A = 3\n")
-    wanted = hostcache.want(str(rundir), str(cache))
+    before = sorted(os.listdir(rundir))
+    wanted = hostcache.want(str(rundir), str(cache), riders={changed.sha256: b"A = 3\n"})
     assert wanted == {"missing": [], "received": [changed.sha256], "files": 4, "assembled": True}
     assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 3\n"
-    assert not (rundir / "inline").exists()
+    assert sorted(os.listdir(rundir)) == sorted(before + ["payload"])
+    assert os.listdir(cache / "tmp") == []
 
 
-def test_a_rider_with_the_wrong_content_is_refused(tmp_path, payload):
+def test_a_rider_with_the_wrong_content_or_not_in_the_manifest_is_refused(tmp_path, payload):
     cache = tmp_path / "work" / "cache"
     rundir, files = new_run(tmp_path, payload, "r1")
-    (rundir / "inline").mkdir()
-    (rundir / "inline" / files[0].sha256).write_bytes(b"x" * files[0].size)
     with pytest.raises(hostcache.CacheError, match="arrived with hash"):
-        hostcache.want(str(rundir), str(cache))
+        hostcache.want(str(rundir), str(cache), riders={files[0].sha256: b"x" * files[0].size})
+    with pytest.raises(hostcache.CacheError, match="unexpected inline file"):
+        hostcache.want(str(rundir), str(cache), riders={"ab" * 32: b"x"})
     assert list((cache / "files").iterdir()) == [] and not (rundir / "payload").exists()
+
+
+def test_the_stage_hands_its_riders_to_the_cache_and_writes_none_into_the_run_dir(tmp_path,
+                                                                                   payload):
+    """Hosts sharing a workdir unpack one stage into one run directory at once: the riders
+    must never appear there, where another host would list them."""
+    files = manifest(payload, "train.py")
+    rider = next(f for f in files if f.path == "train.py")
+    rundir = tmp_path / "work" / "runs" / "r1"
+    riders = unpack_stage(str(rundir), stage_tar("r1", files, [rider], payload))
+    assert riders == {rider.sha256: b"print('hi')\n"}
+    assert sorted(os.listdir(rundir)) == ["manifest.json", "run.json", "tfdeploy-host.zip"]
+    again = unpack_stage(str(rundir), stage_tar("r1", files, [rider], payload))
+    assert again == riders and sorted(os.listdir(rundir)) == [
+        "manifest.json", "run.json", "tfdeploy-host.zip"]
 
 
 @pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="Linux only")

@@ -75,6 +75,7 @@ def test_what_the_cache_lacks_travels_on_the_same_channel(lab):
         payload / "data" / "weights.bin").read_bytes()
 
     again, rundir = push(payload, inventory, session, hashes, "20260101-000000-bbbbbb")
+    assert again.pop("filesystem") == answer["filesystem"]     # the workdir's, as it answered
     assert again == {"missing": [], "received": [], "files": 2, "assembled": True}
     assert session.agents["h"].asked == ["push"]          # an unchanged payload: one round trip
     assert session.transports["h"].commands == 0          # nothing beside the agent's channel
