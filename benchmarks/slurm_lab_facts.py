@@ -180,10 +180,10 @@ def channel(lab: SlurmLab, repeats: int) -> None:
         try:
             done = subprocess.run(["srun", *overlap, "-N1", "-n1", "true"], env=env,
                                   capture_output=True, text=True, timeout=5)
-            print(f"srun {' '.join(overlap)} -N1 -n1 true beside a running step: exit "
+            print(f"{' '.join(['srun', *overlap])} -N1 -n1 true beside a running step: exit "
                   f"{done.returncode} {done.stderr.strip()!r}")
         except subprocess.TimeoutExpired as exc:
-            print(f"srun {' '.join(overlap)} -N1 -n1 true beside a running step: still "
+            print(f"{' '.join(['srun', *overlap])} -N1 -n1 true beside a running step: still "
                   f"waiting after 5 s ({(exc.stderr or b'').decode().strip()!r})")
     lab.scancel(job)
     procs.end(first)
@@ -202,7 +202,9 @@ def escapes(lab: SlurmLab) -> None:
         deadline = time.monotonic() + 20
         while "escaped " not in _read(out) and time.monotonic() < deadline:
             time.sleep(0.1)
-        pids = procs.escaped_pids(_read(out))
+        line = next(t for t in _read(out).splitlines() if t.startswith("escaped "))
+        names = dict(zip(map(int, line.split()[1:]), ("setsid child", "double-forked grandchild")))
+        pids = sorted(names)
         start = time.monotonic()
         lab.scancel(job)
         left = pids
@@ -211,8 +213,8 @@ def escapes(lab: SlurmLab) -> None:
             left = [p for p in pids if _alive(p)]
         took = time.monotonic() - start
         if left:
-            print(f"{what}: of the setsid child and the double-forked grandchild, {left} "
-                  f"still alive {took:.0f} s after scancel (killed now)")
+            print(f"{what}: {', '.join(names[p] for p in left)} still alive {took:.0f} s "
+                  "after scancel (killed now)")
             for pid in left:
                 os.kill(pid, 9)
         else:
@@ -222,6 +224,13 @@ def escapes(lab: SlurmLab) -> None:
         print(f"  scontrol: JobState={info['JobState']} ExitCode={info['ExitCode']}")
 
 
+def payload(ignore_term: bool) -> str:
+    """procs.py's ESCAPING_PAYLOAD, its grandchild ignoring SIGTERM or not."""
+    text = procs.ESCAPING_PAYLOAD
+    return text if ignore_term else text.replace(
+        "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n", "")
+
+
 def allocation_env(lab: SlurmLab) -> None:
     section("salloc -N2: SLURM_* in the shell's environment (salloc -N2 env)")
     show = subprocess.run(["salloc", "-N2", "env"], env=lab.env(), capture_output=True,
@@ -229,12 +238,13 @@ def allocation_env(lab: SlurmLab) -> None:
     for line in sorted(show.stdout.splitlines()):
         if line.startswith(("SLURM_", "SLURMD_")):
             print(line)
-    section("salloc -N2 --ntasks-per-node=2: SLURM_TASKS_PER_NODE, SLURM_NTASKS")
-    show = subprocess.run(["salloc", "-N2", "--ntasks-per-node=2", "env"], env=lab.env(),
-                          capture_output=True, text=True, timeout=60)
-    for line in sorted(show.stdout.splitlines()):
-        if line.startswith(("SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_JOB_CPUS")):
-            print(line)
+    for options in (["--ntasks-per-node=2"], ["--ntasks=5"]):
+        section(f"salloc -N2 {' '.join(options)}: SLURM_TASKS_PER_NODE, SLURM_NTASKS")
+        show = subprocess.run(["salloc", "-N2", *options, "env"], env=lab.env(),
+                              capture_output=True, text=True, timeout=60)
+        for line in sorted(show.stdout.splitlines()):
+            if line.startswith(("SLURM_TASKS_PER_NODE", "SLURM_NTASKS", "SLURM_JOB_CPUS")):
+                print(line)
     section("A step's own variables (srun -N2 inside salloc -N2), per task")
     show = subprocess.run(["salloc", "-N2", "srun", "sh", "-c",
                            'echo "$SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID $SLURM_LOCALID '

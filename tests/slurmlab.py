@@ -15,10 +15,10 @@ Config, state, logs and job outputs are under `base_dir/slurm` (wiped at each st
 afterwards for a post-mortem); munged's socket and slurmd's spool (where each step has a
 socket) are in a short directory of their own under /tmp, removed at stop, since a socket's
 path must fit in 108 bytes. `stop()` (on leaving the `with` block, also after a failure)
-cancels every job of the lab, ends each daemon by the pid and process group of its own Popen,
-then any process left that carries the lab's SLURM_CONF in its environment (step daemons,
-tasks), and removes the cgroups it created.
-docs/slurm-lab.md has what was measured with it.
+cancels every job of the lab, ends each daemon by the pid of its own Popen (SIGKILL to its
+process group if it lingers), then any process left that carries the lab's SLURM_CONF in its
+environment (step daemons, tasks), and removes the cgroups it created. docs/slurm-lab.md
+has how it is set up and what was measured with it.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import procs
 from sshlab import LabError
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
-DAEMONS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd"}
+DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "srun", "salloc", "sbatch", "squeue", "scontrol", "scancel")
 LOOPBACK = ip_network("127.0.0.0/8")
 FIRST_NODE_ADDRESS = "127.0.5.1"
@@ -87,7 +87,7 @@ class _Daemon:
 
 def missing() -> str | None:
     """Why this machine cannot run the lab (as a test skip reason), or None if it can."""
-    absent = [name for name in (*DAEMONS, *CLIENTS) if shutil.which(name, path=_PATH) is None]
+    absent = [name for name in (*DAEMONS, *CLIENTS) if _which(name) is None]
     if absent:
         return (f"the Slurm lab needs {', '.join(absent)}: apt-get install "
                 f"--no-install-recommends {' '.join(PACKAGES)} (.ci/run installs them)")
@@ -96,7 +96,11 @@ def missing() -> str | None:
     return None
 
 
-_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin"])
+def _which(name: str) -> str | None:
+    """Where a daemon or client is: on PATH, or in the system directories Debian puts them
+    in (a PATH without /usr/sbin is common for a non-login root)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""),
+                                                    "/usr/sbin", "/usr/bin"]))
 
 
 class SlurmLab:
@@ -126,6 +130,7 @@ class SlurmLab:
         self.nodes: list[SlurmNode] = []
         self.jobs: set[int] = set()             # every job id a helper saw granted
         self.controller_port = 0
+        self.munge_socket: Path | None = None
         self.hostname = socket.gethostname().split(".")[0]
         self._daemons: list[_Daemon] = []
         self._run_dir: Path | None = None       # short: munge socket, slurmd spools
@@ -149,6 +154,8 @@ class SlurmLab:
         """Start munged, slurmctld and the slurmds; return once every node is idle and a
         step runs on all of them. LabError (with the daemons' logs) if not within
         READY_TIMEOUT."""
+        if self._daemons:
+            raise LabError("this lab is already running: stop() it first")
         reason = missing()
         if reason:
             raise SlurmUnavailable(reason)
@@ -223,11 +230,10 @@ class SlurmLab:
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment for Slurm's clients (and what they start) that talks to this lab
         only: `base` (default os.environ) without any SLURM_* or client input variable,
-        with SLURM_CONF set and the daemons' directories on PATH."""
+        and SLURM_CONF naming the lab's slurm.conf (which names munged's socket)."""
         env = {k: v for k, v in (os.environ if base is None else base).items()
                if not k.startswith(CLIENT_VARIABLE_PREFIXES)}
         env["SLURM_CONF"] = str(self.conf)
-        env["PATH"] = env.get("PATH") or _PATH
         return env
 
     def run(self, *args: str, timeout: float = CLIENT_TIMEOUT,
@@ -245,13 +251,15 @@ class SlurmLab:
 
     def salloc(self, cmd: Sequence[str], nodes: int | None = None, *,
                options: Sequence[str] = (), timeout: float = 120,
-               env: Mapping[str, str] | None = None) -> Finished:
-        """`salloc -N<nodes> [options] cmd...` to its end (nodes: all of the lab's). The job
-        it was granted is recorded, so stop() cancels it if salloc left it behind."""
+               env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Finished:
+        """`salloc -N<nodes> [options] cmd...` to its end (nodes: all of the lab's), `cmd`
+        run here in `cwd` (default the lab's directory) with env(env). The job it was
+        granted is recorded, so stop() cancels it if salloc left it behind."""
         argv = ["salloc", f"-N{nodes or len(self.nodes)}", *options, *cmd]
         try:
             done = subprocess.run(argv, env=self.env(env), capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL, cwd=self.dir)
+                                  timeout=timeout, stdin=subprocess.DEVNULL,
+                                  cwd=cwd or self.dir)
         except subprocess.TimeoutExpired as exc:
             self._note_job(_text(exc.stderr))
             raise LabError(f"{' '.join(argv)} did not end within {timeout:.0f}s") from exc
@@ -382,7 +390,9 @@ PlugStackConfig={d}/plugstack.conf
 ProctrackType=proctrack/{self.proctrack}
 TaskPlugin=task/none
 SelectType=select/cons_tres
+# Cores only: without memory configured, CR_Core_Memory gives a job all of a node's memory.
 SelectTypeParameters=CR_Core
+# The nodes' CPUs as written here, not as the machine has them.
 SlurmdParameters=config_overrides
 SchedulerType=sched/builtin
 MpiDefault=none
@@ -391,9 +401,12 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MailProg=/bin/true
 ReturnToService=2
+# Seconds from SIGTERM to SIGKILL when a job ends (Slurm's default: 30).
 KillWait={self._kill_wait}
 MinJobAge={self._min_job_age}
+# Batch jobs start about 1 s after sbatch, not 3 (the default delay).
 SchedulerParameters=batch_sched_delay=0
+# Job cgroups are slurm_<node>/uid_0/job_<id>: apart from another lab's running meanwhile.
 FirstJobId={_first_job_id()}
 {nodes}
 PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -406,7 +419,8 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = self.dir / "log" / f"{name}.out"
         with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=out,
+            proc = subprocess.Popen([_which(argv[0]), *argv[1:]], env=self.env(),
+                                    stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     cwd=self.dir)
         self._daemons.append(_Daemon(name, proc, log))
@@ -515,7 +529,9 @@ def _until(ready, timeout: float, what: str, daemons: Sequence[_Daemon],
 
 
 def _end(daemons: Sequence[_Daemon]) -> None:
-    """SIGTERM each daemon, SIGKILL its process group after STOP_GRACE, reap it."""
+    """SIGTERM each daemon; SIGKILL its process group (start_new_session made it its own)
+    if it has not ended after STOP_GRACE, while it is not yet reaped (its pid cannot be
+    anyone else's then); reap it."""
     for d in daemons:
         if d.proc.poll() is None:
             _kill(d.proc.pid, signal.SIGTERM)
@@ -524,12 +540,11 @@ def _end(daemons: Sequence[_Daemon]) -> None:
         try:
             d.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(d.proc.pid, signal.SIGKILL)     # its own group: start_new_session
-        except ProcessLookupError:
-            pass
-        d.proc.wait()
+            try:
+                os.killpg(d.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            d.proc.wait()
 
 
 def processes_with(variable: str) -> list[int]:
