@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import procs
-from sshlab import LabError
+from sshlab import LabError, _tail
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -476,7 +476,7 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for daemon in self._daemons:
             code = daemon.proc.poll()
             status = "running" if code is None else f"exited {code}"
-            parts.append(f"--- {daemon.name} ({status}), {daemon.log}:\n{_tail(daemon.log)}")
+            parts.append(f"--- {daemon.name} ({status}), {daemon.log}:\n{_tail(daemon.log, 15)}")
         return "\n".join(parts)
 
 
@@ -593,14 +593,6 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
 def _text(data: bytes | str | None) -> str:
