@@ -181,7 +181,7 @@ def test_host_prune_is_asked_of_the_agent_and_refuses_an_unsafe_workdir(tmp_path
     keep = Keep().document()
     with hostpkg.LocalAgent(host) as agent:
         dry = agent.agent.ask(prune_request(host, 0, dry_run=True), "prune", keep).wait(30)
-        assert dry["files"]["count"] == 1 and (cache / "files" / files[0].sha256).exists()
+        assert dry.files.count == 1 and (cache / "files" / files[0].sha256).exists()
         work.chmod(0o777)
         with pytest.raises(StepFailed, match="prune failed: unsafe workdir"):
             agent.agent.ask(prune_request(host, 0, dry_run=False), "prune", keep).wait(30)
