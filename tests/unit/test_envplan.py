@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from deploy.host import envkey
 from deploy.host.envkey import env_dir, env_name, env_python, host_facts, host_key
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, plan_run
-from deploy.plan.setup import plan_setup
+from deploy.plan.setup import WORKDIR_CHECK, plan_setup
 from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"
@@ -113,7 +114,9 @@ def test_setup_plan_commands(inventory):
     plan = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=True)
     plain = plan.hosts[0]
     assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}"
-    assert plain.status.line.startswith(f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
+    # The workdir is checked first, by the host's python, before anything is written.
+    check = f"python3 -I -S -c {shlex.quote(WORKDIR_CHECK)} ~/.tfdeploy && "
+    assert plain.status.line.startswith(check + f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
     assert plain.status.line.endswith(f" envstatus {plain.run_dir}")
     assert plain.build.line.endswith(f" setup {plain.run_dir} wheelhouse")
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"

@@ -220,3 +220,34 @@ def test_a_bad_prune_age_is_bad_input():
     from deploy.errors import BadInput
     with pytest.raises(BadInput, match="--older-than"):
         tasks.duration("--older-than", "soon")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give files to nobody")
+def test_every_component_of_a_workdir_is_checked_links_included(tmp_path):
+    """lstat, component by component, and again where links lead: another user's link in a
+    sticky directory open to all (/tmp), or another user's directory on the way, or one that
+    group or others may write, lets that user point the tool's writes anywhere."""
+    nobody = pwd.getpwnam("nobody")
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = sticky / "work"
+    link.symlink_to(target)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    problem = unsafe_workdir(str(link / "sub"))
+    assert problem.startswith(f"unsafe workdir {link}/sub: {link} is a symbolic link owned by "
+                              "nobody; ")
+    os.lchown(link, 0, 0)                 # the user's own link: where it leads is judged
+    assert unsafe_workdir(str(link)) is None
+    os.chown(target, nobody.pw_uid, nobody.pw_gid)
+    assert f"unsafe workdir {link}: owned by nobody, mode 0700" in unsafe_workdir(str(link))
+    theirs = tmp_path / "theirs"
+    (theirs / "mine").mkdir(parents=True)
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    assert f"in {theirs}, owned by nobody" in unsafe_workdir(str(theirs / "mine"))
+    group = tmp_path / "group"
+    (group / "mine").mkdir(parents=True)
+    group.chmod(0o770)
+    assert f"in {group}, owned by root, mode 0770" in unsafe_workdir(str(group / "mine" / "w"))
