@@ -30,6 +30,8 @@ class Event:
     tasks: Tasks | None = None
     stopped: Stopped | None = None
     error: str = ""
+    broken: bool = False   # the error is an answer that broke the protocol: asking again
+                           # would get the same
 
 
 class Followers:
@@ -47,8 +49,8 @@ class Followers:
             self._put(Event(name, "tasks", tasks))
 
         def on_end(reply: Reply) -> None:
-            self._put(Event(name, "error", error=reply.error) if reply.error
-                      else Event(name, "end"))
+            self._put(Event(name, "error", error=reply.error, broken=reply.broken)
+                      if reply.error else Event(name, "end"))
         request = follow_request(hp.run_dir, host_offsets(hp, offsets))
         reply = self.agents[name].ask(request, "following", on_frame=on_frame, on_end=on_end)
         self.follows[name] = reply.number

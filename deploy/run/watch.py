@@ -100,6 +100,9 @@ class Watch:
             return                       # what it said before it was given up on
         if event.kind in ("tasks", "stopped"):
             self.take(event, view)
+        elif event.broken:
+            # It answered what a follow does not (protocol.py): asked again, it would again.
+            raise StepFailed(f"{event.host}: following the run: {event.error}")
         elif all(t.finished for t in self.host_tasks[event.host]):
             self.quiet.add(event.host)   # a relaunch there follows it again
         else:

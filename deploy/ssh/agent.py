@@ -86,6 +86,7 @@ class Reply:
         self.done = threading.Event()
         self.answer: Answer | None = None
         self.error = ""
+        self.broken = False      # the host answered what its verb does not (protocol.py)
         self.number = 0          # its request's id on the agent's channel
         self.stream: LineStream | None = None    # that channel
 
@@ -261,6 +262,7 @@ class HostAgent:
             bad = False
         except ProtocolError as exc:
             error, answer, bad = str(exc), None, True
+            reply.broken = True
         final = error is not None or reply.on_frame is None or getattr(answer, "end", False)
         if final and not (bad and reply.on_frame is not None):
             with self.table:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from deploy.host.archive import ROOM_MARGIN, Limits, Refused, size, survey, unpack
-from deploy.host.protocol import Answer, ProtocolError, TaskStatus
+from deploy.host.protocol import Answer, ProtocolError, TaskStatus, quoted
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Request
 from deploy.plan.planner import (
@@ -133,7 +133,7 @@ def refused(label: str, what: str, archive: int, exc: Refused, limits: Limits) -
 
 def skipped_lines(label: str, what: str, names, count: int) -> list[str]:
     """A warning per member skipped (the first few), naming the host and the member."""
-    lines = [f"{label}: skipped {name!r} of {what}: {why}" for name, why in names]
+    lines = [f"{label}: skipped {quoted(name)} of {what}: {why}" for name, why in names]
     if count > len(names):
         lines.append(f"{label}: skipped {count - len(names)} more member(s) of {what}")
     return lines
