@@ -1,14 +1,17 @@
-"""Archives a compromised host would send: the members that escape tarfile's own
-extractall(filter="data") on Pythons without the fix of CVE-2025-4517 (a chain of symbolic
-links whose expansion passes PATH_MAX), files written through them, `..` and absolute names,
-links, a device node and a fifo, and a gzip bomb. Used by the unit tests of
-deploy/host/archive.py and by the tampered host of tests/integration/test_hostile_host.py.
+"""What a hostile party makes. Archives a compromised host would send: the members that
+escape tarfile's own extractall(filter="data") on Pythons without the fix of CVE-2025-4517 (a
+chain of symbolic links whose expansion passes PATH_MAX), files written through them, `..` and
+absolute names, links, a device node and a fifo, and a gzip bomb. Used by the unit tests of
+deploy/host/archive.py and by the tampered host of tests/integration/test_hostile_host.py. And
+another user's link, in a directory open to all, offered as a workdir.
 """
 from __future__ import annotations
 
 import io
 import os
+import pwd
 import tarfile
+from pathlib import Path
 
 STEPS = "abcdefghijklmnop"
 PATH_MAX = 4096
@@ -104,3 +107,18 @@ def gzip_bomb(unpacked: int) -> bytes:
         info.size = unpacked
         tar.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
     return buf.getvalue()
+
+
+def foreign_link(root: Path) -> tuple[Path, Path]:
+    """(link, target): in `root`/tmp, open to all and sticky as /tmp is, nobody's link to the
+    directory `root`/target of ours (root only: giving a link away needs it)."""
+    nobody = pwd.getpwnam("nobody")
+    sticky = root / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    target = root / "target"
+    target.mkdir(mode=0o700)
+    link = sticky / "work"
+    link.symlink_to(target)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    return link, target

@@ -14,7 +14,7 @@ import time
 
 from deploy.host.envkey import env_python
 from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
-from deploy.host.protocol import LOG_CHUNK
+from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members
 
@@ -162,7 +162,7 @@ def follow(rundir, offsets, send, interval=0.1):
             last[task] = key
         if changed:
             send({"tasks": changed}, chunks)
-        if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
+        if all(s["state"] in FINAL_STATES and s["offset"] >= s["size"]
                for s, _ in tasks.values()):
             return
         # Behind on a task that still runs, it waits all the same: a flood of logs is read

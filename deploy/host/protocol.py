@@ -392,14 +392,9 @@ class Pushed(Answer):
 
 
 @dataclass(frozen=True)
-class Archived(Answer):
+class Archived(Done):
     """`tar-out`: the folder as tar.gz, in the frame's body (on the controller: a file on
     disk, never memory; nothing when the folder does not exist)."""
-
-    @classmethod
-    def decode(cls, doc, verb):
-        Fields(doc, verb)
-        return cls()
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_runs import kill_by_records
+from test_runs import detach, kill_by_records
 from test_train import REPO, assert_nothing_left, only_run
 
 import hostile
@@ -45,6 +44,7 @@ if "--crash-once" in sys.argv and task == "1" and attempt == "1":
 if "--wait" in sys.argv:
     time.sleep(120)
 """
+WAITING = ("--no-check", "--grace", "1", "--args", "--wait")
 # A controller under this reports its peak resident memory (its own and its children's).
 MEASURED = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:]); "
             "print('peak RSS KiB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
@@ -213,9 +213,7 @@ def test_the_controllers_memory_stays_small_under_frames_of_a_gigabyte(lab):
             subprocess.run(["rm", "-rf", str(p)], check=False)
 
     python.set()
-    done = train(lab, "--detach", "--args", "--wait")
-    run_id = next(line.split()[1] for line in text(done).splitlines()
-                  if line.startswith("run ") and "detached" in line)
+    run_id = detach(inventory, runs, "--payload", str(payload), *WAITING)
     try:
         python.set("big")
         down = inv("down", "--run", run_id, "--runs-dir", str(runs), measured=True)
@@ -254,9 +252,7 @@ def test_escapes_in_a_hosts_task_states_are_shown_escaped(lab):
     assert_nothing_left(run_dir, hosts)
 
     python.set()
-    detached = train(lab, "--detach", "--args", "--wait")
-    run_id = next(line.split()[1] for line in text(detached).splitlines()
-                  if line.startswith("run ") and "detached" in line)
+    run_id = detach(inventory, runs, "--payload", str(payload), *WAITING)
     try:
         python.set("state")
         status = inv("status", "--run", run_id, "--runs-dir", str(runs))
@@ -276,15 +272,7 @@ def test_a_workdir_that_is_another_users_link_in_a_sticky_directory_is_refused(s
                                                                               tmp_path):
     """/tmp-like: open to all, sticky. nobody's link there leads to a directory of ours;
     `inv check`, `inv train` and `inv setup` refuse it, naming it, and write nothing there."""
-    nobody = pwd.getpwnam("nobody")
-    sticky = tmp_path / "tmp"
-    sticky.mkdir()
-    sticky.chmod(0o1777)
-    target = tmp_path / "target"
-    target.mkdir(mode=0o700)
-    workdir = sticky / "work"
-    workdir.symlink_to(target)
-    os.lchown(workdir, nobody.pw_uid, nobody.pw_gid)
+    workdir, target = hostile.foreign_link(tmp_path)
     hosts = ssh_lab.hosts[:1]
     inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts, workdir=str(workdir))
     named = f"unsafe workdir {workdir}: {workdir} is a symbolic link owned by nobody"
@@ -300,7 +288,7 @@ def test_a_workdir_that_is_another_users_link_in_a_sticky_directory_is_refused(s
     assert done.returncode == 1 and named in " ".join(text(done).split()), text(done)
     setup = inv("setup", "--hosts", str(inventory), "--payload", str(payload))
     assert setup.returncode == 1 and named in " ".join(text(setup).split()), text(setup)
-    assert os.listdir(target) == [] and sorted(os.listdir(sticky)) == ["work"]
+    assert os.listdir(target) == [] and sorted(os.listdir(workdir.parent)) == ["work"]
 
 
 def test_a_local_task_sees_no_variable_of_the_controllers_shell_the_inventory_does_not_name(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import hostile
 import hostpkg
 from deploy.host import cache as hostcache
 from deploy.host import prune as hostprune
@@ -228,14 +229,7 @@ def test_every_component_of_a_workdir_is_checked_links_included(tmp_path):
     sticky directory open to all (/tmp), or another user's directory on the way, or one that
     group or others may write, lets that user point the tool's writes anywhere."""
     nobody = pwd.getpwnam("nobody")
-    sticky = tmp_path / "tmp"
-    sticky.mkdir()
-    sticky.chmod(0o1777)
-    target = tmp_path / "elsewhere"
-    target.mkdir(mode=0o700)
-    link = sticky / "work"
-    link.symlink_to(target)
-    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    link, target = hostile.foreign_link(tmp_path)
     problem = unsafe_workdir(str(link / "sub"))
     assert problem.startswith(f"unsafe workdir {link}/sub: {link} is a symbolic link owned by "
                               "nobody; ")
