@@ -80,8 +80,11 @@ class Fields:
         return tuple(self.get(key, _list_of(_text), (), required))
 
     def object(self, key, required=True):
+        """The object in field `key` (None when it may be missing and is)."""
         value = self.get(key, lambda f, k, v: v, None, required)
-        return None if value is None else Fields(value, self.verb, self.path(key))
+        if value is None and not required:
+            return None
+        return Fields(value, self.verb, self.path(key))
 
     def items(self):
         """(key, value) of every field: for objects keyed by the host (task keys, ports)."""
@@ -95,10 +98,14 @@ def _integer(fields, key, value):
 
 
 def _number(fields, key, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value):
+    try:
+        number = None if isinstance(value, bool) else float(value) \
+            if isinstance(value, (int, float)) else None
+    except OverflowError:        # an integer past any float
+        number = None
+    if number is None or not math.isfinite(number):
         raise fields.fail(key, "is not a finite number: %s" % quoted(value))
-    return float(value)
+    return number
 
 
 def _text(fields, key, value):

@@ -19,12 +19,12 @@ from rich.live import Live
 from deploy.console.setupview import progress_table, versions_table
 from deploy.console.view import say
 from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
+from deploy.host.protocol import EnvStatus, Stopped
 from deploy.inventory.model import Inventory
 from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
 from deploy.ssh.hostzip import host_zip
 from deploy.ssh.parallel import on_all, on_each
-from deploy.host.protocol import EnvStatus, Stopped
 from deploy.ssh.session import Session, agent_answer, checked
 from deploy.ssh.transport import LineStream
 from deploy.state.record import new_run_id
@@ -110,9 +110,9 @@ def _run(session: Session, plan: SetupPlan, stage_tar: bytes, wheels: list[Path]
     t = session.transports
     with console.status("checking existing environments…"):
         status = on_all("checking environments", plan.hosts, lambda hp: hp.host.name,
-                        lambda hp: agent_answer(t[hp.host.name].run(hp.status.line, stdin=stage_tar,
-                                                                    timeout=120),
-                                                hp.host, "environment check", EnvStatus))
+                        lambda hp: agent_answer(t[hp.host.name].run(
+                            hp.status.line, stdin=stage_tar, timeout=120),
+                            hp.host, "environment check", EnvStatus))
     todo = []
     for hp in plan.hosts:
         p = progress[hp.host.name]

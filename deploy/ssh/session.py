@@ -86,11 +86,15 @@ class BodyFile:
 
     def begin(self, length: int) -> None:
         self.size = length
-        free = shutil.disk_usage(self.folder).free
-        if length + ROOM_MARGIN > free:
-            self.problem = f"its {size(length)} do not fit in {self.folder} ({size(free)} free)"
-            return
-        self.file = tempfile.TemporaryFile(dir=self.folder)
+        try:
+            free = shutil.disk_usage(self.folder).free
+            if length + ROOM_MARGIN > free:
+                self.problem = (f"its {size(length)} do not fit in {self.folder} "
+                                f"({size(free)} free)")
+                return
+            self.file = tempfile.TemporaryFile(dir=self.folder)
+        except OSError as exc:       # the rest of the body is read and dropped
+            self.problem = f"cannot write it into {self.folder}: {exc.strerror or exc}"
 
     def write(self, piece: bytes) -> None:
         if self.file is None:
@@ -125,8 +129,8 @@ class BodyFile:
 
 
 def refused(label: str, what: str, archive: int, exc: Refused, limits: Limits) -> StepFailed:
-    """`h1 (…): the chief's output refused: its 2.0 MiB archive would unpack to more than
-    1.0 GiB (the limit; --max-fetch raises it)`."""
+    """`h1 (…): the chief's output refused: its 2.0 MiB archive: it would unpack to more than
+    1.0 GiB (the limit); --max-fetch raises it`."""
     hint = f"; {LIMIT_FLAG} raises it" if exc.over_limit else ""
     return StepFailed(f"{label}: {what} refused: its {size(archive)} archive: {exc}{hint}")
 

@@ -112,6 +112,8 @@ def test_any_field_of_the_wrong_type_is_refused_naming_the_verb_and_the_field(ve
     ("code", 1.5, "tasks.0.code is not an integer"),
     ("started", "x", "tasks.0.started is not a finite number: 'x'"),
     ("ended", float("nan"), "tasks.0.ended is not a finite number: nan"),
+    ("ended", 10 ** 400, "tasks.0.ended is not a finite number: 1000"),
+    ("size", None, "tasks.0.size is not an integer: None"),
     ("size", -1, "tasks.0.size is negative"),
     ("offset", 2, "tasks.0.offset is before the end of the log bytes"),
 ])
@@ -120,6 +122,14 @@ def test_task_statuses_are_checked_field_by_field(field, value, words):
     with pytest.raises(ProtocolError) as refused:
         Tasks.decode({"tasks": {"0": status}}, "poll")
     assert words in str(refused.value)
+
+
+def test_an_object_that_is_null_or_missing_is_refused():
+    for doc in ({"tasks": None}, {}, {"tasks": {"0": None}}, {"tasks": []}):
+        with pytest.raises(ProtocolError, match="bad answer to poll: tasks"):
+            Tasks.decode(doc, "poll")
+    with pytest.raises(ProtocolError, match="bad answer to stop: signalled is not an object"):
+        Stopped.decode({"signalled": None, "survivors": []}, "stop")
 
 
 def test_beats_errors_and_setup_lines_are_checked_too():
