@@ -28,7 +28,7 @@ from deploy.plan.planner import (
 from deploy.plan.ports import choose_ports, task_ports
 from deploy.ssh.agent import Body, HostAgent, StepFailed
 from deploy.ssh.parallel import HostsFailed, on_all, on_each
-from deploy.ssh.transport import CommandResult, Transport, connect
+from deploy.ssh.transport import OUTPUT_LIMIT, CommandResult, Transport, connect
 
 
 def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
@@ -38,8 +38,8 @@ def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
 
 
 # A command of its own (inv setup's steps) answers with one JSON object on its last line; past
-# this size it is not an answer.
-MAX_ANSWER_BYTES = 256 << 20
+# what such a command may print (transport.py) it is not an answer.
+MAX_ANSWER_BYTES = OUTPUT_LIMIT
 
 
 def agent_answer(result: CommandResult, host: Host, step: str, kind: type[Answer]) -> Answer:

@@ -54,6 +54,11 @@ class CommandResult:
 # the cache, a task's files) is private to the user, also on a home shared with others.
 PRIVATE = "umask 077; "
 
+# A host is untrusted input: what a command of its own (inv setup's steps) may print, and a
+# line of a stream read by lines (inv setup's build), are bounded; a longer line comes in
+# pieces. The agents' channels are read by frames, bounded by frames.py.
+OUTPUT_LIMIT = 16 << 20
+LINE_LIMIT = 1 << 20
 # sshd's PATH for a session where the environment names none.
 LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -115,7 +120,7 @@ class LocalStream:
                                      env=login_environment())
 
     def __iter__(self):
-        return iter(self.proc.stdout)
+        return iter(lambda: self.proc.stdout.readline(LINE_LIMIT), b"")
 
     def readline(self, limit: int = -1) -> bytes:
         return self.proc.stdout.readline(limit)
@@ -195,8 +200,11 @@ class SshExchange:
         with self._errors():
             self.channel.shutdown_write()
             # Our commands write little to stderr, so reading stdout first cannot stall.
-            out = self.out.read()
-            err = self.channel.makefile_stderr("rb").read()
+            out = self.out.read(OUTPUT_LIMIT + 1)
+            if len(out) > OUTPUT_LIMIT:
+                raise TransportError(f"{self.label}: the command printed more than "
+                                     f"{OUTPUT_LIMIT} bytes")
+            err = self.channel.makefile_stderr("rb").read(OUTPUT_LIMIT)
             return CommandResult(self.channel.recv_exit_status(), out, err)
 
     def close(self) -> None:
@@ -264,7 +272,7 @@ class SshStream:
         return self._take(size)
 
     def __iter__(self):
-        while line := self.readline():
+        while line := self.readline(LINE_LIMIT):
             yield line
 
     def send(self, data: bytes) -> None:

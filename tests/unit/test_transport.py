@@ -33,3 +33,24 @@ def test_a_local_host_gets_a_logins_environment_and_nothing_else_of_this_shell(m
     host = parse_inventory("hosts:\n  - {name: h, transport: local}\n", "h.yaml", {}).hosts[0]
     seen = LocalTransport(host).run("env").stdout.decode()
     assert "TFDEPLOY_TEST_TOKEN" not in seen and f"PATH={os.environ['PATH']}\n" in seen
+
+
+class Flood:
+    """A stream whose one line never ends."""
+
+    def __init__(self):
+        self.left = 8 << 20
+
+    def readline(self, limit: int = -1) -> bytes:
+        n = self.left if limit < 0 else min(limit, self.left)
+        self.left -= n
+        return b"x" * n
+
+
+def test_a_hosts_lines_come_in_bounded_pieces():
+    """An endless line from a host (inv setup's build) is read a piece at a time."""
+    from deploy.ssh.transport import LINE_LIMIT, SshStream
+    stream = SshStream.__new__(SshStream)
+    stream.readline = Flood().readline
+    pieces = list(SshStream.__iter__(stream))
+    assert len(pieces) == 8 and all(len(p) == LINE_LIMIT for p in pieces)
