@@ -18,6 +18,7 @@ from rich.text import Text
 from deploy.console.checkview import report_view
 from deploy.console.plain import plain
 from deploy.errors import BadInput, TfdeployError
+from deploy.host.archive import MAX_BYTES, Limits
 from deploy.inventory.builtin import chosen_inventory
 from deploy.inventory.logins import login_documents, login_text
 from deploy.inventory.model import Inventory
@@ -54,6 +55,10 @@ SSH_HELP = {
 LOST_AFTER_HELP = ("seconds without a heartbeat from a host (its agent beats every second) "
                    "after which it is lost: the run fails and the other hosts' tasks are "
                    "stopped (default: 10; 0: never)")
+
+MAX_FETCH_HELP = ("the most an archive from a host may unpack to: the chief's output, fetched "
+                  "into runs/<id>/artifacts, and its backup, carried by --restarts; larger "
+                  f"ones are refused (e.g. 500MiB, 32GiB; default: {MAX_BYTES >> 30}GiB)")
 
 VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log and the "
                 "payload's {\"event\": ...} lines too (by default the console hides them; "
@@ -120,6 +125,29 @@ def shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+              "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
+MIN_FETCH, MAX_FETCH = 1 << 20, 1 << 50
+
+
+def fetch_limits(flag: str, value: str) -> Limits:
+    """`--max-fetch 500MiB` (or 32GiB, 2T, a byte count) as the limits of an archive; the
+    default ones when not given."""
+    if value == "":
+        return Limits()
+    text = str(value).strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = SIZE_UNITS.get(text[len(number):].strip())
+    try:
+        amount = int(float(number) * unit) if unit and number else -1
+    except (ValueError, OverflowError):
+        amount = -1
+    if not MIN_FETCH <= amount <= MAX_FETCH:
+        raise BadInput(f"{flag} takes a size from 1MiB to 1024TiB such as 500MiB or 32GiB, "
+                       f"not {shown(value)}")
+    return Limits(bytes=amount)
+
+
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -168,11 +196,12 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
                 "the chief's BackupAndRestore state, up to N times (default: 0)",
     "verbose": VERBOSE_HELP,
+    "max_fetch": MAX_FETCH_HELP,
 })
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
           start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False,
-          lost_after="10"):
+          lost_after="10", max_fetch=""):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -192,7 +221,8 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                lost_after=seconds("--lost-after", lost_after),
                                check=not no_check,
                                restarts=count("--restarts", restarts, MAX_RESTARTS),
-                               detach=detach, verbose=verbose)
+                               detach=detach, verbose=verbose,
+                               fetch_limits=fetch_limits("--max-fetch", max_fetch))
         if detach and settings.restarts:
             raise BadInput("--restarts needs the controller that relaunches the run: it "
                            "cannot be combined with --detach")
@@ -326,6 +356,8 @@ def run_task(action, connect_timeout="10", accept_new_host_keys=False, **setting
         for key in SECONDS_SETTINGS:
             if key in settings:
                 settings[key] = seconds("--" + key.replace("_", "-"), settings[key])
+        if "max_fetch" in settings:
+            settings["fetch_limits"] = fetch_limits("--max-fetch", settings.pop("max_fetch"))
         code = action(console, RunSettings(accept_new_host_keys=accept_new_host_keys, **settings))
     exit_with(code)
 
@@ -359,9 +391,11 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
                              "training step before the run is torn down (default: 0, off)",
             "lost_after": "with --follow: " + LOST_AFTER_HELP,
             "verbose": "with --follow: " + VERBOSE_HELP + "; without --follow the log is "
-                       "always printed as it is"})
+                       "always printed as it is",
+            "max_fetch": "with --follow: " + MAX_FETCH_HELP})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
-         accept_new_host_keys=False, start_timeout="0", verbose=False, lost_after="10"):
+         accept_new_host_keys=False, start_timeout="0", verbose=False, lost_after="10",
+         max_fetch=""):
     """Print a run's logs; with --follow, reattach until the run ends.
 
     First the local copy, then what the hosts wrote since (nothing twice); the local copy
@@ -370,7 +404,8 @@ def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="1
         only = None if task is None else count("--task", task)
         return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
     run_task(action, connect_timeout, accept_new_host_keys,
-             start_timeout=start_timeout, verbose=verbose, lost_after=lost_after)
+             start_timeout=start_timeout, verbose=verbose, lost_after=lost_after,
+             max_fetch=max_fetch)
 
 
 @task(help={"run": RUN_HELP["run"], "runs_dir": RUN_HELP["runs_dir"]})
@@ -383,15 +418,16 @@ def plot(c, run="", runs_dir="runs"):
     run_task(lambda console, _: draw_plot(Path(runs_dir), run or None, console))
 
 
-@task(help=RUN_HELP)
-def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False):
+@task(help={**RUN_HELP, "max_fetch": MAX_FETCH_HELP})
+def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=False,
+         max_fetch=""):
     """Stop a run on every host and remove it there.
 
     Fetches the chief's artifacts, sends SIGTERM to every task's process group, SIGKILL after
     the run's grace, checks every host for survivors (reported loudly, exit 1) and removes
     the run directories. Only this run's processes and directories are touched."""
     run_task(lambda console, s: stop_run(Path(runs_dir), run or None, s, console),
-             connect_timeout, accept_new_host_keys)
+             connect_timeout, accept_new_host_keys, max_fetch=max_fetch)
 
 
 def main() -> None:

@@ -90,6 +90,8 @@ TRAIN = {
     "timeout huge": ({}, ["--connect-timeout", "1e309"], 2),
     "start timeout words": ({}, ["--start-timeout", "soon"], 2),
     "lost after negative": ({}, ["--lost-after=-5"], 2),
+    "max fetch words": ({}, ["--max-fetch", "lots"], 2),
+    "max fetch too small": ({}, ["--max-fetch", "1KiB"], 2),
     "restarts unicode digits": ({}, ["--restarts", "²"], 2),
     "restarts huge": ({}, ["--restarts", "9" * 5000], 2),
     "restarts with detach": ({}, ["--restarts", "1", "--detach"], 2),
@@ -111,6 +113,7 @@ RECORD_CASES = {
     "task out of range": (None, ["logs", "--task", "7"], 2),
     "task not a number": (None, ["logs", "--task", "x"], 2),
     "logs lost after words": (None, ["logs", "--lost-after", "soon"], 2),
+    "down max fetch nan": (None, ["down", "--max-fetch", "nanGiB"], 2),
     "runs dir a file (inv runs)": (None, ["runs", "--runs-dir", "afile"], 2),
 }
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from deploy.host.archive import Limits
 from deploy.host.layout import HOST_ZIP
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.ssh.agent import HostAgent
 from deploy.ssh.hostzip import host_zip
+from deploy.ssh.session import BodyFile
 from deploy.ssh.transport import LocalTransport
 
 
@@ -44,7 +46,7 @@ class LocalAgent:
         self.agent = HostAgent(self.host, self.transport)
 
     def ask(self, verb: str, *args: str, body: bytes = b"", timeout: float = 30,
-            **env: str) -> dict:
+            **env: str):
         return self.agent.ask(Request(verb, tuple(map(str, args))), verb, body,
                               **env).wait(timeout)
 
@@ -56,3 +58,12 @@ class LocalAgent:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def fetched(agent: HostAgent, request: Request, folder: Path, limits: Limits = Limits()) -> bytes:
+    """The archive that answers a tar-out `request` (b"" when none came), by way of a file in
+    `folder`, as the controller takes it."""
+    with BodyFile(folder, limits) as spool:
+        agent.ask(request, "fetch", into=spool).wait(30)
+        archive = spool.ready(agent.host.label, "fetch")
+        return archive.read() if archive is not None else b""

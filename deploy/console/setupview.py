@@ -32,7 +32,7 @@ def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
         table.add_column(column)
     for hp in plan.hosts:
         p = progress[hp.host.name]
-        versions = (p.result or {}).get("versions") or {}
+        versions = p.versions
         table.add_row(p.name, plain(p.env or "-"),
                       Text(p.state, style=STATE_STYLES.get(p.state, "")), f"{p.seconds():.1f}",
                       *(Text(plain(str(versions.get(c) or "-"))) for c in VERSION_COLUMNS))

@@ -50,9 +50,11 @@ def print_lines(console: Console, task: TaskProgress, lines: list[str], raw: boo
 
 
 def state_text(task: TaskProgress) -> Text:
+    """The task's state as its host said it (checked against its enum where it arrived, and
+    shown as plain text all the same)."""
     if task.state == "exited":
-        return Text(f"exit {task.code}", style="green" if task.code == 0 else "bold red")
-    return Text(task.state, style=STATE_STYLES.get(task.state, ""))
+        return Text(plain(f"exit {task.code}"), style="green" if task.code == 0 else "bold red")
+    return Text(plain(str(task.state)), style=STATE_STYLES.get(task.state, ""))
 
 
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -14,12 +14,10 @@ import time
 
 from deploy.host.envkey import env_python
 from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
+from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members
 
-# A task's log is read in chunks of at most this: with the few frames a follow may send ahead
-# (serve.py WINDOW), what a flood of logs holds in the controller's memory at once.
-MAX_CHUNK = 1 << 18
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
 PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
 
@@ -104,7 +102,7 @@ def supervise(rundir, task, argv):
 
 
 def statuses(rundir, offsets, thorough=True):
-    """State and new log bytes (at most MAX_CHUNK) of each task in `offsets` (task -> bytes
+    """State and new log bytes (at most LOG_CHUNK) of each task in `offsets` (task -> bytes
     already read): task -> (status, bytes).
 
     `thorough` checks liveness against the run id in /proc, for one-off answers; the
@@ -134,7 +132,7 @@ def statuses(rundir, offsets, thorough=True):
             if size > offset:
                 with open(log, "rb") as f:
                     f.seek(offset)
-                    data = f.read(MAX_CHUNK)
+                    data = f.read(LOG_CHUNK)
         except OSError:
             size = 0
         status.update(size=size, offset=offset + len(data))
@@ -164,7 +162,7 @@ def follow(rundir, offsets, send, interval=0.1):
             last[task] = key
         if changed:
             send({"tasks": changed}, chunks)
-        if all(s["state"] in ("exited", "lost") and s["offset"] >= s["size"]
+        if all(s["state"] in FINAL_STATES and s["offset"] >= s["size"]
                for s, _ in tasks.values()):
             return
         # Behind on a task that still runs, it waits all the same: a flood of logs is read

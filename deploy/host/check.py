@@ -129,29 +129,51 @@ def any_address_socket():
     return socket.socket(socket.AF_INET, socket.SOCK_STREAM), ""
 
 
-# Why writing under `workdir` is unsafe, or None: a workdir owned by another user, or the
-# directory it is (or would be created) in writable by group or others without the sticky bit
-# (anyone could swap what the tool writes). The push's bootstrap runs this function's source
-# before it writes anything (deploy/plan/planner.py), so it stays self-contained and terse.
+# Why writing under `workdir` is unsafe, or None. Every component of its path is looked at
+# with lstat, and again along where its links lead: the workdir must be the user's; every
+# directory above it the user's or root's and not writable by group or others (unless sticky:
+# /tmp); a symbolic link on the way the user's or root's (another user's link, or a directory
+# another user can write, lets that user point the tool's writes anywhere). The nearest
+# existing directory is where a missing workdir would be made. `inv setup` runs this
+# function's source before it writes anything (deploy/plan/setup.py), so it stays
+# self-contained: os, pwd and stat only.
 def unsafe_workdir(workdir):
+    me = os.getuid()
     wanted = os.path.abspath(os.path.expanduser(workdir))
-    path = wanted
-    while not os.path.lexists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    st = os.stat(path)
-    foreign = path == wanted and st.st_uid != os.getuid()
-    open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
-    if not foreign and not open_to_others:
-        return None
+
     def name(uid):
         try:
             return pwd.getpwuid(uid).pw_name
         except KeyError:
             return "uid %d" % uid
-    where = "owned by" if path == wanted else "in %s, owned by" % path
-    return ("unsafe workdir %s: %s %s, mode %04o; it must be owned by %s and not writable by "
-            "group or others (unless sticky)" % (
-                wanted, where, name(st.st_uid), stat.S_IMODE(st.st_mode), name(os.getuid())))
+
+    def first_problem(path):
+        current = "/"
+        for part in [""] + [p for p in path.split("/") if p]:
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except (FileNotFoundError, NotADirectoryError):
+                return None            # made by the tool, below what was checked
+            if stat.S_ISLNK(st.st_mode):
+                if st.st_uid not in (me, 0):
+                    return "%s is a symbolic link owned by %s" % (current, name(st.st_uid))
+                continue               # where it leads is checked too (realpath)
+            last = current == path
+            open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and \
+                not st.st_mode & stat.S_ISVTX
+            if open_to_others or st.st_uid != me and (last or st.st_uid != 0):
+                return "%sowned by %s, mode %04o" % ("" if last else "in %s, " % current,
+                                                    name(st.st_uid), stat.S_IMODE(st.st_mode))
+        return None
+
+    problem = first_problem(wanted) or first_problem(os.path.realpath(wanted))
+    if problem is None:
+        return None
+    owners = name(me) + ("" if me == 0 else " or root")
+    return ("unsafe workdir %s: %s; it must be owned by %s, every directory and link on its "
+            "way by %s, none writable by group or others unless sticky" % (
+                wanted, problem, name(me), owners))
 
 
 def free_ports(count):

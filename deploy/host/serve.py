@@ -20,11 +20,10 @@ import queue
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 
-from deploy.host import agent, cache, check, data, envkey, prune, teardown
+from deploy.host import agent, archive, cache, check, data, envkey, prune, teardown
 from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, in_run
 from deploy.host.main import parse_offsets, task_arg
@@ -39,7 +38,7 @@ WINDOW = 4
 FOLLOW_NICENESS = 10
 # Errors a verb reports as its answer; anything else is a bug, reported with its type.
 EXPECTED = (OSError, ValueError, KeyError, SystemExit, cache.CacheError, StageError,
-            subprocess.SubprocessError)
+            subprocess.SubprocessError, archive.Refused)
 
 
 class Channel:
@@ -156,26 +155,15 @@ def pushing(what, verb, cache_dir, host, work):
         raise StageError(cache.failure(what, verb, exc, cache_dir, *host)) from None
 
 
-def tar_out(folder):
-    """The folder's files as tar.gz bytes; nothing when it does not exist."""
-    if not os.path.isdir(folder):
-        return b""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(folder, arcname=".")
-    return buf.getvalue()
-
-
-def replace_backup(rundir, body):
-    """Replace the run's backup/ with the tar.gz `body`; only <rundir>/backup is deleted,
-    inside a directory that is provably a run's."""
+def replace_backup(rundir, limits, body):
+    """Replace the run's backup/ with the tar.gz `body` (another host's: unpacked as
+    archive.py unpacks, nothing outside backup/); only <rundir>/backup is deleted, inside a
+    directory that is provably a run's. Answers what was unpacked and what was skipped."""
     run_id_of(rundir)
     backup = in_run(rundir, BACKUP)
     shutil.rmtree(backup, ignore_errors=True)
-    os.makedirs(backup)
-    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
-        tar.extractall(backup, filter="data")
-    return {}
+    done = archive.unpack(io.BytesIO(body), backup, limits)
+    return {"files": done.files, "skipped": done.skipped, "skipped_count": done.skipped_count}
 
 
 def ending(verb, args):
@@ -233,9 +221,9 @@ def answer(request, args, channel, mesh, follows):
     if verb in ("stop", "cleanup"):
         return ending(verb, args)
     if verb == "tar-out":
-        return {"body": tar_out(args[0])}
+        return {"body": archive.pack(args[0], archive.Limits.of_words(args[1:3]))}
     if verb == "replace-backup":
-        return replace_backup(args[0], body)
+        return replace_backup(args[0], archive.Limits.of_words(args[1:3]), body)
     if verb == "prune":
         return prune.prune(args[0], args[1], json.loads(body), float(args[2]),
                            dry=args[3] == "dry")

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.host.check
+from deploy.host.archive import size
+from deploy.host.protocol import Connect, MeshResult, Probe
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
@@ -36,7 +38,7 @@ INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 class HostCheck:
     """Everything learned about one host; `problems` are filled by the judge_* functions."""
     host: Host
-    probe: dict | None = None          # None: not connected, or its python did not run
+    probe: Probe | None = None         # None: not connected, or its python did not run
     ports: list[int] = field(default_factory=list)   # one per task, as a run would get them
     mesh_in: tuple[int, int] = (0, 0)  # connections to this host's ports: (answered, tried)
     mesh_out: tuple[int, int] = (0, 0)
@@ -103,40 +105,40 @@ def room_problem(label: str, free: int, where: str, push_bytes: int) -> str | No
             f"({size(needs)} with the margin for logs and output)")
 
 
-def judge_probe(check: HostCheck, answer: dict, push_bytes: int = 0) -> None:
+def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0) -> None:
     """`push_bytes`: what the run's push may write to this host (payload and data, cached or
     not); 0 when there is no push (`inv check`)."""
     host, label = check.host, check.host.label
     check.probe = answer
-    versions = answer.get("versions", {})
+    versions = answer.versions
     for package, version in versions.items():
         if version is None:
             check.problems.append(f"{label}: {package} is not installed for "
-                                  f"{answer.get('executable') or host.python} "
+                                  f"{answer.executable or host.python} "
                                   f"(pip install {INSTALL.get(package, package)})")
     tf, tfk = versions.get("tensorflow"), versions.get("tf_keras")
     if tf and tfk and minor(tf) != minor(tfk):
         check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "
                               f"(pip install 'tf-keras~={minor(tf)}.0')")
-    if answer.get("ipv6") is False and host.tf_address.is_v6:
+    if not answer.ipv6 and host.tf_address.is_v6:
         check.problems.append(f"{label}: cluster address {host.tf_address} is IPv6, but the "
                               f"host has no IPv6 (its Python cannot open an IPv6 socket); set "
                               f"cluster_address to an IPv4 address of the host")
-    if answer.get("data_problem"):
+    if answer.data_problem:
         check.problems.append(f"{label}: field 'data': remote path {host.data.path} "
-                              f"{answer['data_problem']} on the host")
-    if answer.get("workdir_problem"):
-        check.problems.append(f"{label}: {answer['workdir_problem']}")
-    elif not answer.get("writable", True):
+                              f"{answer.data_problem} on the host")
+    if answer.workdir_problem:
+        check.problems.append(f"{label}: {answer.workdir_problem}")
+    elif not answer.writable:
         check.problems.append(f"{label}: cannot create the workdir {host.workdir}: "
-                              f"{answer['disk_path']} is not writable")
-    no_room = (room_problem(label, answer["disk_free"], answer["disk_path"], push_bytes)
-               if push_bytes and "disk_free" in answer else None)
+                              f"{answer.disk_path} is not writable")
+    no_room = (room_problem(label, answer.disk_free, answer.disk_path, push_bytes)
+               if push_bytes else None)
     if no_room:
         check.problems.append(no_room)
-    elif answer.get("disk_free", MIN_DISK_FREE) < MIN_DISK_FREE:
-        check.problems.append(f"{label}: only {size(answer['disk_free'])} free under "
-                              f"{answer['disk_path']} (workdir {host.workdir}); a run needs "
+    elif answer.disk_free < MIN_DISK_FREE:
+        check.problems.append(f"{label}: only {size(answer.disk_free)} free under "
+                              f"{answer.disk_path} (workdir {host.workdir}); a run needs "
                               f"at least {size(MIN_DISK_FREE)}")
 
 
@@ -151,7 +153,7 @@ def version_problems(checks: list[HostCheck]) -> list[str]:
     for package in ("tensorflow", "tf_keras"):
         seen: dict[str, list[str]] = {}
         for c in checks:
-            version = (c.probe or {}).get("versions", {}).get(package)
+            version = c.probe.versions.get(package) if c.probe else None
             if version:
                 seen.setdefault(version, []).append(c.host.name)
         if len(seen) > 1:
@@ -166,7 +168,7 @@ def assign_task_ports(checks: list[HostCheck]) -> str | None:
     problem or None."""
     try:
         ports = choose_ports([(c.host, c.host.cluster_tasks) for c in checks],
-                             {c.host.name: c.probe["ports"] for c in checks})
+                             {c.host.name: list(c.probe.ports) for c in checks})
     except PortsUnavailable as exc:
         return str(exc)
     for c in checks:
@@ -195,9 +197,11 @@ def mesh_specs(checks: list[HostCheck], nonce: str) -> dict[str, dict]:
     return specs
 
 
-def judge_mesh(checks: list[HostCheck], answers: dict[str, dict],
+def judge_mesh(checks: list[HostCheck], answers: dict[str, MeshResult],
                errors: dict[str, str]) -> None:
-    """Turn each host's connection results into problems on the host that was not reached."""
+    """Turn each host's connection results into problems on the host that was not reached. A
+    result about a host that is not in the check (its answer names it) is that answer's
+    problem."""
     by_name = {c.host.name: c for c in checks}
     tally = {c.host.name: [0, 0, 0, 0] for c in checks}   # in ok, in tried, out ok, out tried
     for c in checks:
@@ -206,12 +210,16 @@ def judge_mesh(checks: list[HostCheck], answers: dict[str, dict],
             c.problems.append(errors[name])   # names the host already
             continue
         answer = answers[name]
-        for port, error in answer.get("bind_errors", {}).items():
+        for port, error in answer.bind_errors.items():
             c.problems.append(f"{c.host.label}: cannot listen on port {port}: {error} — taken "
                               f"by another program?")
-        for result in answer.get("connects", []):
-            dst = by_name[result["host"]]
-            ok = bool(result.get("ok"))
+        for result in answer.connects:
+            dst = by_name.get(result.host)
+            if dst is None:
+                c.problems.append(f"{c.host.label}: its mesh check names a host that is not "
+                                  f"in it: {result.host!r}")
+                continue
+            ok = result.ok
             tally[name][2:] = [tally[name][2] + ok, tally[name][3] + 1]
             tally[dst.host.name][:2] = [tally[dst.host.name][0] + ok, tally[dst.host.name][1] + 1]
             if not ok:
@@ -221,9 +229,9 @@ def judge_mesh(checks: list[HostCheck], answers: dict[str, dict],
         c.mesh_in, c.mesh_out = (t[0], t[1]), (t[2], t[3])
 
 
-def mesh_problem(dst: Host, result: dict, src: Host) -> str:
-    where = f"{tf_label(dst)}: port {result['port']}"
-    error, detail = result.get("error"), result.get("detail", "")
+def mesh_problem(dst: Host, result: Connect, src: Host) -> str:
+    where = f"{tf_label(dst)}: port {result.port}"
+    error, detail = result.error, result.detail
     frm = "itself" if src.name == dst.name else src.name
     if error == "timeout" or error == "no answer":
         return (f"{where} not reachable from {frm} (no answer within {MESH_WINDOW:g} s) "
@@ -240,14 +248,6 @@ def mesh_problem(dst: Host, result: dict, src: Host) -> str:
     return f"{where} not reachable from {frm}: {error} — routing or firewall?"
 
 
-def size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def rows(report: CheckReport) -> list[list[str]]:
     """One row per host: host, address, python, tensorflow, tf_keras, numpy, disk free, ports,
     mesh, problems."""
@@ -258,12 +258,12 @@ def rows(report: CheckReport) -> list[list[str]]:
             address += f" (cluster {c.host.tf_address})"
         if c.host.via:
             address += " via " + ",".join(h.name for h in c.host.via)
-        probe = c.probe or {}
-        versions = probe.get("versions", {})
-        cells = [c.host.name, address, probe.get("python", "-")]
+        probe = c.probe
+        versions = probe.versions if probe else {}
+        cells = [c.host.name, address, probe.python if probe else "-"]
         cells += [versions.get(p) or ("missing" if probe else "-")
                   for p in ("tensorflow", "tf_keras", "numpy")]
-        cells.append(size(probe["disk_free"]) if "disk_free" in probe else "-")
+        cells.append(size(probe.disk_free) if probe else "-")
         cells.append(", ".join(map(str, c.ports)) or "-")
         cells.append(mesh_cell(c))
         cells.append("\n".join(c.problems) or "ok")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from deploy.host import layout
+from deploy.host.archive import Limits
 from deploy.host.envkey import env_python
 from deploy.host.layout import in_run
 from deploy.inventory.datasource import host_data_dir
@@ -214,20 +215,23 @@ def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
     return host_agent(host, rundir, "cleanup", f"{grace:g}", host.name)
 
 
-def fetch_output_request(rundir: str) -> Request:
-    """The chief's output folder as tar.gz; nothing when it has none."""
-    return Request("tar-out", (HostPath(in_run(rundir, layout.OUTPUT)),))
+def fetch_output_request(rundir: str, limits: Limits) -> Request:
+    """The chief's output folder as tar.gz; nothing when it has none; an error when it holds
+    more than `limits` (an archive past them would be refused here)."""
+    return Request("tar-out", (HostPath(in_run(rundir, layout.OUTPUT)), *limits.words()))
 
 
-def fetch_backup_request(rundir: str) -> Request:
+def fetch_backup_request(rundir: str, limits: Limits) -> Request:
     """The chief's backup as tar.gz; nothing when it has none yet."""
-    return Request("tar-out", (HostPath(in_run(rundir, layout.BACKUP)),))
+    return Request("tar-out", (HostPath(in_run(rundir, layout.BACKUP)), *limits.words()))
 
 
-def replace_backup_request(rundir: str) -> Request:
+def replace_backup_request(rundir: str, limits: Limits) -> Request:
     """Replace the host's backup with the tar.gz that comes with it (an empty archive: no
-    backup). Only <rundir>/backup is deleted, inside the run's own directory."""
-    return run_request(rundir, "replace-backup", body="tar.gz of the chief's backup")
+    backup), unpacked within `limits` (deploy/host/archive.py). Only <rundir>/backup is
+    deleted, inside the run's own directory."""
+    return run_request(rundir, "replace-backup", *limits.words(),
+                       body="tar.gz of the chief's backup")
 
 
 def push_request(verb: str, rundir: str, *paths: str, body: str,

@@ -10,12 +10,21 @@ its lock, the others wait and reuse it (deploy/host/env.py).
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
+from deploy.host.check import unsafe_workdir
 from deploy.host.layout import WHEELHOUSE, host_run_id
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Command, HostPath, Shell
 from deploy.plan.planner import cleanup_command, host_agent, run_dir
+
+
+# The first thing inv setup runs on a host, before it writes anything there: the workdir check
+# of the push and of `inv check` (deploy/host/check.py), by the host's python; it exits 1
+# saying why an unsafe workdir is unsafe.
+WORKDIR_CHECK = ("import os, pwd, stat, sys\n" + inspect.getsource(unsafe_workdir) +
+                 "problem = unsafe_workdir(sys.argv[1])\nif problem:\n    sys.exit(problem)\n")
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,10 @@ def plan_setup(inventory: Inventory, run_id: str, wheelhouse: bool) -> SetupPlan
         status = host_agent(host, rundir, "envstatus")
         plans.append(HostSetup(
             host=host, run_id=own, run_dir=rundir,
-            status=Command(("mkdir", "-p", into, Shell("&&"), "tar", "-xzf", "-", "-C", into,
-                            Shell("&&"), *status.argv),
+            status=Command((HostPath(host.python), "-I", "-S", "-c", WORKDIR_CHECK,
+                            HostPath(host.workdir), Shell("&&"), "mkdir", "-p", into,
+                            Shell("&&"), "tar", "-xzf", "-", "-C", into, Shell("&&"),
+                            *status.argv),
                            stdin="tar.gz of run.json, the host package and requirements.txt"),
             wheels=Command(("tar", "-xf", "-", "-C", into), stdin="tar of the wheelhouse"),
             build=host_agent(host, rundir, "setup", host.name,

@@ -46,7 +46,9 @@ def finish(run: Run, how: str) -> int:
         with tearing_down(), console.status("stopping tasks and fetching results…"):
             if how in (Finish.DONE, Finish.DOWN):
                 try:
-                    artifacts = session.fetch_output(plan, local_dir / localdir.ARTIFACTS)
+                    artifacts = session.fetch_output(
+                        plan, local_dir / localdir.ARTIFACTS, run.limits,
+                        lambda line: say(console, line, "yellow"))
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
             if how == Finish.DOWN or (how in Finish.STOPPED and not run.stopped_clean):

@@ -13,6 +13,7 @@ import queue
 from dataclasses import dataclass
 from typing import Mapping
 
+from deploy.host.protocol import Stopped, Tasks
 from deploy.plan.planner import (
     HostPlan, RunPlan, credit_request, follow_request, host_offsets, stop_request
 )
@@ -24,9 +25,13 @@ RESTARTS = 3
 @dataclass(frozen=True)
 class Event:
     host: str
-    kind: str          # "doc": agent answer; "end": stream ended; "error": stream failed
-    doc: dict | None = None
+    kind: str          # "tasks": a follow frame; "stopped": a stop's answer; "end": the
+                       # follow ended; "error": it failed
+    tasks: Tasks | None = None
+    stopped: Stopped | None = None
     error: str = ""
+    broken: bool = False   # the error is an answer that broke the protocol: asking again
+                           # would get the same
 
 
 class Followers:
@@ -40,12 +45,12 @@ class Followers:
     def start(self, hp: HostPlan, offsets: Mapping[int, int]) -> None:
         name = hp.host.name
 
-        def on_frame(doc: dict) -> None:
-            self._put(Event(name, "doc", doc))
+        def on_frame(tasks: Tasks) -> None:
+            self._put(Event(name, "tasks", tasks))
 
         def on_end(reply: Reply) -> None:
-            self._put(Event(name, "error", error=reply.error) if reply.error
-                      else Event(name, "end"))
+            self._put(Event(name, "error", error=reply.error, broken=reply.broken)
+                      if reply.error else Event(name, "end"))
         request = follow_request(hp.run_dir, host_offsets(hp, offsets))
         reply = self.agents[name].ask(request, "following", on_frame=on_frame, on_end=on_end)
         self.follows[name] = reply.number
@@ -68,14 +73,14 @@ class Followers:
 
     def send_stop(self, grace: float) -> list[str]:
         """Ask every host's agent to stop its tasks now (TERM, KILL after `grace`); each
-        answer comes as a {"stopped": ...} document. Returns the hosts it could not ask."""
+        answer comes as a "stopped" event. Returns the hosts it could not ask."""
         failed = []
         for hp in self.plan.hosts:
             name = hp.host.name
 
             def on_end(reply: Reply, name: str = name) -> None:
                 self._put(Event(name, "error", error=reply.error) if reply.error
-                          else Event(name, "doc", {"stopped": reply.doc}))
+                          else Event(name, "stopped", stopped=reply.answer))
             agent = self.agents.get(name)
             if agent is None or agent.lost:
                 failed.append(name)     # that host is stopped the slow way instead
@@ -89,7 +94,7 @@ class Followers:
             event = self.events.get(timeout=timeout)
         except queue.Empty:
             return None
-        if event.kind == "doc" and "stopped" not in event.doc and event.host in self.follows:
+        if event.kind == "tasks" and event.host in self.follows:
             self.agents[event.host].tell(credit_request(self.follows[event.host]))
         return event
 

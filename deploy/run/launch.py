@@ -71,7 +71,8 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     # from which `inv down` finds the run.
     write_record(local_dir, RunRecord.of(skeleton, RunState.STARTING, started,
                                          restarts=settings.restarts))
-    run = Run(skeleton, session, local_dir, console, raw=settings.verbose)
+    run = Run(skeleton, session, local_dir, console, raw=settings.verbose,
+              limits=settings.fetch_limits)
     # This controller writes the local logs; another one (inv logs --follow) must not too.
     lock = FollowLock(local_dir)
     lock.acquire()
@@ -131,7 +132,7 @@ def _all_running(run: Run) -> bool:
     """Whether every task is running on its host (a thorough check by the agents). A task that
     already ended means the run is not one to leave alone: it is followed here instead."""
     answers, errors = run.session.poll(run.plan, run.offsets())
-    return not errors and all(answers.get(t.index, {}).get("state") == "running"
+    return not errors and all(t.index in answers and answers[t.index].state == "running"
                               for t in run.plan.tasks)
 
 

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from deploy.console.view import say
 from deploy.errors import BadInput, TfdeployError
+from deploy.host.archive import size
 from deploy.inventory.model import Inventory
-from deploy.plan.checks import size
 from deploy.plan.prune import Keep, prune_request
 from deploy.push.bundle import file_entry, payload_files
 from deploy.push.hashcache import HashCache
@@ -62,10 +62,11 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
             say(console, f"{host.name}: {exc}", "bold red")
             failed += 1
             continue
-        total = sum(freed[kind]["bytes"] for kind, _ in KINDS)
-        parts = ", ".join(f"{freed[kind]['count']} {label} ({size(freed[kind]['bytes'])})"
+        counts = {kind: getattr(freed, kind) for kind, _ in KINDS}
+        parts = ", ".join(f"{counts[kind].count} {label} ({size(counts[kind].bytes)})"
                           for kind, label in KINDS)
-        console.print(f"{host.name}: {verb} {size(total)}: {parts}", highlight=False)
+        total = sum(c.bytes for c in counts.values())
+        say(console, f"{host.name}: {verb} {size(total)}: {parts}")
     if dry_run:
         say(console, "dry run: nothing was deleted", "yellow")
     return 1 if failed else 0

@@ -48,7 +48,7 @@ def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Co
     inventory = Inventory(path=where, hosts=record.hosts)
     session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
     return record, Run(plan, session, local_dir, console, only_task=only_task,
-                       writes_logs=writes_logs)
+                       writes_logs=writes_logs, limits=settings.fetch_limits)
 
 
 def status(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:

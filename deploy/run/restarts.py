@@ -89,7 +89,9 @@ def relaunch(run, inventory: Inventory, options: Options, restarts: int,
         return None
     with console.status("carrying the chief's backup to every host…" if carry_backup
                         else "choosing new ports…"):
-        carried = session.carry_backup(run.plan, run.filesystems) if carry_backup else (0, [])
+        carried = session.carry_backup(
+            run.plan, run.filesystems, run.limits, run.dir,
+            lambda line: say(console, line, "yellow")) if carry_backup else (0, [])
         ports = session.free_ports(run.plan)
     run.plan = plan_run(inventory, options, run.plan.run_id, ports)
     write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),

@@ -12,6 +12,8 @@ from typing import Callable
 from rich.console import Console
 
 from deploy.console.view import LiveView, print_lines
+from deploy.host.archive import Limits
+from deploy.host.protocol import TaskStatus
 from deploy.plan.planner import RunPlan
 from deploy.ssh.session import Session, StepFailed
 from deploy.state import localdir
@@ -38,13 +40,16 @@ class RunSettings:
     check: bool = True
     # Show every log line as written, TensorFlow's C++ log and event lines too (lines.py).
     verbose: bool = False
+    # How much an archive from a host may unpack to: the chief's output, a carried backup.
+    fetch_limits: Limits = Limits()
 
 
 class Run:
     def __init__(self, plan: RunPlan, session: Session | None, local_dir: Path,
                  console: Console, only_task: int | None = None, writes_logs: bool = True,
-                 raw: bool = False):
+                 raw: bool = False, limits: Limits = Limits()):
         self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
+        self.limits = limits                # of the archives fetched from its hosts
         self.tasks = [TaskProgress(t.index, t.host.name, role=t.role, type_index=t.type_index)
                       for t in plan.tasks]
         self.only_task = only_task          # `inv logs --task N`: print only its lines
@@ -77,12 +82,12 @@ class Run:
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}
 
-    def apply(self, task: TaskProgress, status: dict, data: bytes,
-              view: LiveView | None = None, shown: bool = True) -> None:
+    def apply(self, task: TaskProgress, status: TaskStatus, view: LiveView | None = None,
+              shown: bool = True) -> None:
         """One answer of the host about `task`: its state, and log bytes kept and shown."""
-        new = task.update(status, data)
-        if self.writes_logs and data:
-            self.logs[task.index].write(data)
+        new = task.update(status)
+        if self.writes_logs and status.data:
+            self.logs[task.index].write(status.data)
             self.logs[task.index].flush()
         if shown:
             self.show(task, new, view)
@@ -97,9 +102,9 @@ class Run:
             for task in self.tasks:
                 if task.index in answers:
                     status = answers[task.index]
-                    self.apply(task, status, status.pop("data", b""),
-                               shown=print_lines)
-                    more = more or task.offset < task.size
+                    self.apply(task, status, shown=print_lines)
+                    # A host that says there is more but sends none is not asked forever.
+                    more = more or (task.offset < task.size and bool(status.data))
             if not more:
                 return
 

@@ -19,12 +19,13 @@ from rich.live import Live
 from deploy.console.setupview import progress_table, versions_table
 from deploy.console.view import say
 from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
+from deploy.host.protocol import EnvStatus, Stopped
 from deploy.inventory.model import Inventory
 from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
 from deploy.ssh.hostzip import host_zip
 from deploy.ssh.parallel import on_all, on_each
-from deploy.ssh.session import Session, agent_json, checked
+from deploy.ssh.session import Session, agent_answer, checked
 from deploy.ssh.transport import LineStream
 from deploy.state.record import new_run_id
 from deploy.state.setup import HostProgress, setup_event
@@ -110,16 +111,16 @@ def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: li
     t = session.transports
     with console.status("checking existing environments…"):
         status = on_all("checking environments", plan.hosts, lambda hp: hp.host.name,
-                        lambda hp: agent_json(t[hp.host.name].run(
+                        lambda hp: agent_answer(t[hp.host.name].run(
                             hp.status.line, stdin=stages[hp.host.name], timeout=120),
-                            hp.host, "environment check"))
+                            hp.host, "environment check", EnvStatus))
     todo = []
     for hp in plan.hosts:
         p = progress[hp.host.name]
-        p.env = status[hp.host.name]["env"]      # where this host keeps its environment
-        if status[hp.host.name]["ready"]:
+        p.env = status[hp.host.name].env      # where this host keeps its environment
+        if status[hp.host.name].ready:
             p.state, p.line, p.ended = "reused", "environment exists: reused", time.monotonic()
-            p.result = {"reused": True, **status[hp.host.name]}
+            p.versions = status[hp.host.name].versions
         else:
             todo.append(hp)
     if wheels and todo:
@@ -186,10 +187,11 @@ def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, Host
 
 def _cleanup(session: Session, plan: SetupPlan) -> dict[str, str]:
     """Delete each host's setup run directory (a failed build inside it goes too)."""
-    results, errors = on_each(plan.hosts, lambda hp: hp.host.name, lambda hp: agent_json(
-        session.transports[hp.host.name].run(hp.cleanup.line, timeout=120), hp.host, "cleanup"))
+    results, errors = on_each(plan.hosts, lambda hp: hp.host.name, lambda hp: agent_answer(
+        session.transports[hp.host.name].run(hp.cleanup.line, timeout=120), hp.host, "cleanup",
+        Stopped))
     problems = {name: str(error) for name, error in errors.items()}
-    problems.update({name: f"processes left: {doc['survivors']}"
-                     for name, doc in results.items() if doc.get("survivors")})
+    problems.update({name: f"processes left: {list(stopped.survivors)}"
+                     for name, stopped in results.items() if stopped.survivors})
     return problems
 

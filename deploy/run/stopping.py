@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from deploy.host.protocol import Stopped
 from deploy.run.follow import Followers
 from deploy.run.run import Run
 
@@ -34,10 +35,10 @@ class Stopper:
         if failed:
             self.stop_hosts(failed)
 
-    def answered(self, host: str, answer: dict) -> None:
+    def answered(self, host: str, answer: Stopped) -> None:
         self.pending.pop(host, None)
-        if answer.get("survivors"):
-            pids = ", ".join(map(str, answer["survivors"]))
+        if answer.survivors:
+            pids = ", ".join(map(str, answer.survivors))
             self.run.problems.append(f"{host}: processes of the run still alive after "
                                      f"SIGKILL: {pids}")
 
@@ -65,7 +66,7 @@ class Stopper:
             event = self.followers.next(timeout=0.25)
             if event is None:
                 continue
-            if event.kind == "doc":
+            if event.kind in ("tasks", "stopped"):
                 take(event)
             elif event.kind == "error" and event.host in self.pending:
                 # Its agent was lost before answering: stopped by a request of its own, which

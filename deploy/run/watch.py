@@ -98,8 +98,11 @@ class Watch:
     def handle(self, event: Event, view: LiveView) -> None:
         if event.host in self.lost:
             return                       # what it said before it was given up on
-        if event.kind == "doc":
+        if event.kind in ("tasks", "stopped"):
             self.take(event, view)
+        elif event.broken:
+            # It answered what a follow does not (protocol.py): asked again, it would again.
+            raise StepFailed(f"{event.host}: following the run: {event.error}")
         elif all(t.finished for t in self.host_tasks[event.host]):
             self.quiet.add(event.host)   # a relaunch there follows it again
         else:
@@ -111,17 +114,17 @@ class Watch:
                                  f"{event.error or 'stream ended'}")
 
     def take(self, event: Event, view: LiveView | None) -> None:
-        """One follower document: task states and log bytes, or the answer to a stop."""
-        if "stopped" in event.doc:
-            self.stopper.answered(event.host, event.doc["stopped"])
+        """One follower event: task states and log bytes, or the answer to a stop."""
+        if event.kind == "stopped":
+            self.stopper.answered(event.host, event.stopped)
             return
         tasks = self.by_key[event.host]
-        for key, status in event.doc["tasks"].items():
+        for key, status in event.tasks.tasks.items():
             task = tasks.get(key)
             if task is None:
                 continue
             finished = task.finished
-            self.run.apply(task, status, status.pop("data", b""), view)
+            self.run.apply(task, status, view)
             if task.finished and not finished and view is not None:
                 self.ended(task)
 

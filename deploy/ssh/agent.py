@@ -12,13 +12,15 @@ import functools
 import inspect
 import itertools
 import json
+import os
 import threading
 import time
-from typing import Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, Union
 
 import deploy.host.boot
 from deploy.errors import Failure
-from deploy.host.frames import read_frame
+from deploy.host.frames import HEADER_ONLY, PIECE, Bounds, FrameError, read_frame
+from deploy.host.protocol import LOG_CHUNK, Answer, Beat, ProtocolError, answer_type, error_of
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.plan.planner import agent_command
@@ -28,6 +30,35 @@ from deploy.ssh.transport import LineStream, Transport, TransportError
 
 class StepFailed(Failure):
     """A step on a host answered with an error, or not in time, or not as it must."""
+
+
+# What goes with a request: bytes, or a file (a backup carried between hosts), sent in pieces.
+Body = Union[bytes, BinaryIO]
+
+
+def body_size(body: Body) -> int:
+    return len(body) if isinstance(body, (bytes, bytearray)) else os.fstat(body.fileno()).st_size
+
+
+def body_pieces(body: Body, size: int) -> Iterable[bytes]:
+    if isinstance(body, (bytes, bytearray)):
+        if size:
+            yield body
+        return
+    for offset in range(0, size, PIECE):
+        yield os.pread(body.fileno(), min(PIECE, size - offset), offset)
+
+
+def answer_bounds(request: Request, into=None) -> Bounds:
+    """What an answer to `request` may carry (frames.py): log bytes of the tasks it asks
+    about, at most one chunk each (poll, follow); a body only where it is an archive, and
+    then into a file (`into`, with its `limit`), never memory; else the header alone."""
+    if request.verb in ("poll", "follow"):
+        return Bounds(tasks=frozenset(word.rpartition(":")[0] for word in request.args[1:]),
+                      chunk=LOG_CHUNK)
+    if into is not None:
+        return Bounds(body=into.limit, into=into)
+    return HEADER_ONLY
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,21 +72,25 @@ def boot_stdin() -> bytes:
 
 
 class Reply:
-    """A request's answer, when it comes. A request answered by many frames (a follow) hands
-    each to `on_frame` until one says "end"; `on_end`, if given, is called with the reply once
-    it has ended (answered, failed or lost)."""
+    """A request's answer, when it comes, typed by its verb (deploy/host/protocol.py). A
+    request answered by many frames (a follow) hands each to `on_frame` until one says "end";
+    `on_end`, if given, is called with the reply once it has ended (answered, failed or
+    lost)."""
 
-    def __init__(self, agent: "HostAgent", step: str,
-                 on_frame: Callable[[dict], None] | None = None,
-                 on_end: Callable[["Reply"], None] | None = None):
+    def __init__(self, agent: "HostAgent", step: str, request: Request,
+                 on_frame: Callable[[Answer], None] | None = None,
+                 on_end: Callable[["Reply"], None] | None = None, into=None):
         self.agent, self.step, self.on_frame, self.on_end = agent, step, on_frame, on_end
+        self.verb = request.verb
+        self.bounds = answer_bounds(request, into)
         self.done = threading.Event()
-        self.doc: dict | None = None
+        self.answer: Answer | None = None
         self.error = ""
+        self.broken = False      # the host answered what its verb does not (protocol.py)
         self.number = 0          # its request's id on the agent's channel
         self.stream: LineStream | None = None    # that channel
 
-    def wait(self, timeout: float) -> dict:
+    def wait(self, timeout: float) -> Answer:
         """The answer; StepFailed naming the host, the step and how long it waited when none
         came in `timeout` seconds, or when the host answered with an error."""
         if not self.done.wait(timeout):
@@ -65,12 +100,12 @@ class Reply:
             raise StepFailed(f"{self.agent.host.label}: {self.error} (during: {self.step})")
         if self.error:
             raise StepFailed(f"{self.agent.host.label}: {self.step} failed: {self.error}")
-        return self.doc
+        return self.answer
 
-    def _end(self, doc: dict | None, error: str = "") -> None:
+    def _end(self, answer: Answer | None, error: str = "") -> None:
         if self.done.is_set():
             return                # answered before its channel was given up on
-        self.doc, self.error = doc, error
+        self.answer, self.error = answer, error
         self.done.set()
         if self.on_end is not None:
             self.on_end(self)
@@ -97,15 +132,18 @@ class HostAgent:
         threading.Thread(target=self._read, args=(self.stream, self.replies), daemon=True,
                          name=f"agent-{self.host.name}").start()
 
-    def ask(self, request: Request, step: str, body: bytes = b"",
-            files: Iterable[bytes] | None = None, on_frame: Callable[[dict], None] | None = None,
-            on_end: Callable[[Reply], None] | None = None, **env: str) -> Reply:
+    def ask(self, request: Request, step: str, body: Body = b"",
+            files: Iterable[bytes] | None = None,
+            on_frame: Callable[[Answer], None] | None = None,
+            on_end: Callable[[Reply], None] | None = None, into=None, **env: str) -> Reply:
         """Send `request` (with `body`, or followed by the stream `files`) and return its
-        Reply at once."""
-        reply = Reply(self, step, on_frame, on_end)
+        Reply at once. `into`: where the answer's body (an archive) goes (session.py
+        BodyFile); an answer to any other request carries none."""
+        reply = Reply(self, step, request, on_frame, on_end, into)
         header = request.wire(**env)
-        if body:
-            header["length"] = len(body)
+        size = body_size(body)
+        if size:
+            header["length"] = size
         with self.sending:
             with self.table:
                 header["id"] = reply.number = next(self.ids)
@@ -116,8 +154,8 @@ class HostAgent:
                 return self._forget(reply, lost)
             try:
                 self.stream.send(json.dumps(header).encode() + b"\n")
-                if body:
-                    self.stream.send(body)
+                for piece in body_pieces(body, size):
+                    self.stream.send(piece)
             except TransportError as exc:
                 # The channel closed under it: its reader is about to tell why (the agent's
                 # exit and last words), which says more than a broken pipe.
@@ -179,31 +217,62 @@ class HostAgent:
         return time.monotonic() - self.heard
 
     def _read(self, stream: LineStream, replies: dict[int, Reply]) -> None:
+        def bounds(doc: dict) -> Bounds:
+            """What the frame may carry: what its request's answer may (frames.py)."""
+            number = doc.get("id")
+            if isinstance(number, bool) or not isinstance(number, int):
+                return HEADER_ONLY
+            with self.table:
+                reply = replies.get(number)
+            return HEADER_ONLY if reply is None else reply.bounds
         try:
-            while (doc := read_frame(stream)) is not None:
+            while (doc := read_frame(stream, bounds)) is not None:
                 self.heard = time.monotonic()
                 number = doc.pop("id", None)
-                if not doc["body"]:
-                    del doc["body"]
+                del doc["body"]          # answers carry none in memory (answer_bounds)
                 if number is None:
-                    continue                      # a beat
+                    Beat.decode(doc)
+                    continue
                 with self.table:
                     reply = replies.get(number)
-                if reply is None:
-                    continue
-                if reply.on_frame is not None and "error" not in doc and not doc.get("end"):
-                    reply.on_frame(doc)
-                    continue
-                with self.table:
-                    replies.pop(number, None)
-                reply._end(doc, doc.get("error") or "")
+                if reply is not None:
+                    self._answer(replies, reply, doc)
             why = self._ended(stream)
+        except (FrameError, ProtocolError) as exc:
+            # A host that breaks the protocol is not listened to any more: what it sends
+            # next could be anything.
+            why = f"{exc}"
+            stream.close()
         except Exception as exc:  # a broken channel or garbage: every waiting step is told
             why = f"{exc}"
         if stream is self.stream:
             self._fail_all(why)
         else:                     # a channel given up on (restart): its replies are told
             self._fail(replies, why)
+
+    def _answer(self, replies: dict[int, Reply], reply: Reply, doc: dict) -> None:
+        """One frame for `reply`: checked against its verb's answer type; an answer that does
+        not fit fails the reply, naming the field (the channel goes on: the frame was read
+        whole). A reply of many frames (a follow) that failed stays known, so that what it
+        still sends is read within its bounds, and dropped."""
+        try:
+            error = error_of(doc, reply.verb)
+            answer = None if error is not None else answer_type(reply.verb).decode(
+                doc, reply.verb)
+            bad = False
+        except ProtocolError as exc:
+            error, answer, bad = str(exc), None, True
+            reply.broken = True
+        final = error is not None or reply.on_frame is None or getattr(answer, "end", False)
+        if final and not (bad and reply.on_frame is not None):
+            with self.table:
+                replies.pop(reply.number, None)
+        if reply.done.is_set():
+            return
+        if not final:
+            reply.on_frame(answer)
+            return
+        reply._end(answer, error or "")
 
     def _ended(self, stream: LineStream) -> str:
         """Why the agent's channel ended: its python's exit and last words."""

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Mapping
 
+from deploy.host.archive import ROOM_MARGIN, Limits, Refused, size, survey, unpack
+from deploy.host.protocol import Answer, ProtocolError, TaskStatus, quoted
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Request
 from deploy.plan.planner import (
@@ -22,9 +26,9 @@ from deploy.plan.planner import (
     poll_request, receive_request, replace_backup_request, stop_request
 )
 from deploy.plan.ports import choose_ports, task_ports
-from deploy.ssh.agent import HostAgent, StepFailed
+from deploy.ssh.agent import Body, HostAgent, StepFailed
 from deploy.ssh.parallel import HostsFailed, on_all, on_each
-from deploy.ssh.transport import CommandResult, Transport, connect
+from deploy.ssh.transport import OUTPUT_LIMIT, CommandResult, Transport, connect
 
 
 def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
@@ -34,8 +38,18 @@ def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
 
 
 # A command of its own (inv setup's steps) answers with one JSON object on its last line; past
-# this size it is not an answer.
-MAX_ANSWER_BYTES = 256 << 20
+# what such a command may print (transport.py) it is not an answer.
+MAX_ANSWER_BYTES = OUTPUT_LIMIT
+
+
+def agent_answer(result: CommandResult, host: Host, step: str, kind: type[Answer]) -> Answer:
+    """A command's answer (agent_json) as its type (deploy/host/protocol.py), or StepFailed
+    naming the host and the field that does not fit."""
+    doc = agent_json(result, host, step)
+    try:
+        return kind.decode(doc, step)
+    except ProtocolError as exc:
+        raise StepFailed(f"{host.label}: {exc}") from None
 
 
 def agent_json(result: CommandResult, host: Host, step: str) -> dict:
@@ -53,6 +67,80 @@ def agent_json(result: CommandResult, host: Host, step: str) -> dict:
         raise StepFailed(f"{host.label}: {step}: unexpected answer "
                          f"{result.stdout[:200]!r}") from None
     return doc
+
+
+# Where the limit of an archive from a host is set (tasks.py), for the refusal's message.
+LIMIT_FLAG = "--max-fetch"
+
+
+class BodyFile:
+    """An archive from a host, written to disk as it comes (an unnamed file in `folder`, the
+    disk it unpacks to), never held in the controller's memory; at most `limits.archive_bytes`
+    (agent.py answer_bounds), and only when the disk has room for it."""
+
+    def __init__(self, folder: Path, limits: Limits):
+        self.folder, self.limit = folder, limits.archive_bytes
+        self.file = None
+        self.size = 0
+        self.problem = ""
+
+    def begin(self, length: int) -> None:
+        self.size = length
+        try:
+            free = shutil.disk_usage(self.folder).free
+            if length + ROOM_MARGIN > free:
+                self.problem = (f"its {size(length)} do not fit in {self.folder} "
+                                f"({size(free)} free)")
+                return
+            self.file = tempfile.TemporaryFile(dir=self.folder)
+        except OSError as exc:       # the rest of the body is read and dropped
+            self.problem = f"cannot write it into {self.folder}: {exc.strerror or exc}"
+
+    def write(self, piece: bytes) -> None:
+        if self.file is None:
+            return                 # refused: the rest of the body is read and dropped
+        try:
+            self.file.write(piece)
+        except (OSError, ValueError) as exc:      # a full disk; closed after a timeout
+            self.problem = f"cannot write it into {self.folder}: {exc.strerror or exc}"
+            self.close()
+
+    def ready(self, label: str, what: str):
+        """The archive from its start, or None when none came; StepFailed naming the host
+        when it could not be kept."""
+        if self.problem:
+            raise StepFailed(f"{label}: {what}: {self.problem}")
+        if self.file is None:
+            return None
+        self.file.flush()
+        self.file.seek(0)
+        return self.file
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> "BodyFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def refused(label: str, what: str, archive: int, exc: Refused, limits: Limits) -> StepFailed:
+    """`h1 (…): the chief's output refused: its 2.0 MiB archive: it would unpack to more than
+    1.0 GiB (the limit); --max-fetch raises it`."""
+    hint = f"; {LIMIT_FLAG} raises it" if exc.over_limit else ""
+    return StepFailed(f"{label}: {what} refused: its {size(archive)} archive: {exc}{hint}")
+
+
+def skipped_lines(label: str, what: str, names, count: int) -> list[str]:
+    """A warning per member skipped (the first few), naming the host and the member."""
+    lines = [f"{label}: skipped {quoted(name)} of {what}: {why}" for name, why in names]
+    if count > len(names):
+        lines.append(f"{label}: skipped {count - len(names)} more member(s) of {what}")
+    return lines
 
 
 def sharing(groups: Mapping[str, Hashable | None]) -> dict[str, str]:
@@ -124,8 +212,8 @@ class Session:
             transport.close()
 
     def ask_each(self, step: str, plans: Iterable[HostPlan], request: Callable[[HostPlan], Request],
-                 timeout: float, body: Callable[[HostPlan], bytes] = lambda hp: b"",
-                 ) -> tuple[dict[str, dict], dict[str, BaseException]]:
+                 timeout: float, body: Callable[[HostPlan], Body] = lambda hp: b"",
+                 ) -> tuple[dict, dict[str, BaseException]]:
         """Ask every host, then wait for every answer until one deadline for the whole step:
         (answers, errors) by host name."""
         replies = {hp.host.name: self.agents[hp.host.name].ask(request(hp), step, body(hp))
@@ -133,8 +221,8 @@ class Session:
         return gather(replies, timeout)
 
     def ask_all(self, step: str, plans: Iterable[HostPlan], request: Callable[[HostPlan], Request],
-                timeout: float, body: Callable[[HostPlan], bytes] = lambda hp: b"",
-                ) -> dict[str, dict]:
+                timeout: float, body: Callable[[HostPlan], Body] = lambda hp: b"",
+                ) -> dict:
         """Like ask_each, but raise one HostsFailed naming every failure."""
         answers, errors = self.ask_each(step, plans, request, timeout, body)
         if errors:
@@ -157,7 +245,8 @@ class Session:
         Hosts that share a workdir (and `group`: for data, the same tree) are sent the files
         once: the others wait for that push to end, then get an empty stream and find payload/
         (or the cached files) there. Each answer keeps the filesystem id it named."""
-        wants = self.ask_all(f"{what} push", plans, request, 120, stage)
+        wants = {name: want.document() for name, want in
+                 self.ask_all(f"{what} push", plans, request, 120, stage).items()}
         by_name = {hp.host.name: hp for hp in plans}
         groups = filesystem_groups({name: want.get("filesystem") for name, want in wants.items()},
                                    lambda name: group(by_name[name]))
@@ -184,7 +273,7 @@ class Session:
             reply = agent.ask(receive_request(request(hp)), f"sending {what} files",
                               files=content(hp, missing))
             try:
-                answer = reply.wait(1800)
+                answer = reply.wait(1800).document()
             except StepFailed:
                 agent.resync(reply)      # the teardown needs an agent that reads requests
                 raise
@@ -200,7 +289,7 @@ class Session:
         interface, so two hosts that are one machine (a loopback lab) must not share one."""
         answers = self.ask_all("choosing ports", plan.hosts, lambda hp: hp.ports, 60)
         chosen = choose_ports([(hp.host, hp.host.cluster_tasks) for hp in plan.hosts],
-                              {name: answer["ports"] for name, answer in answers.items()})
+                              {name: list(answer.ports) for name, answer in answers.items()})
         return task_ports(plan.tasks, chosen)
 
     def launch(self, plan: RunPlan, attempt: int = 1, only: int | None = None) -> None:
@@ -218,15 +307,16 @@ class Session:
             raise HostsFailed("starting tasks", {name: error for (name, _), error in
                                                  errors.items()})
 
-    def poll(self, plan: RunPlan, offsets: Mapping[int, int]):
-        """One answer per host: (answers by task index, errors by host name). Used for the
+    def poll(self, plan: RunPlan, offsets: Mapping[int, int],
+             ) -> tuple[dict[int, TaskStatus], dict[str, BaseException]]:
+        """One answer per host: (statuses by task index, errors by host name). Used for the
         last read of the logs after a stop; live following goes through follow.py."""
         results, errors = self.ask_each("poll", plan.hosts, lambda hp: poll_request(
             hp.run_dir, host_offsets(hp, offsets)), 30)
         answers = {}
-        for host, doc in results.items():
+        for host, polled in results.items():
             keys = plan.by_key(host)
-            answers.update({keys[k].index: status for k, status in doc["tasks"].items()
+            answers.update({keys[k].index: status for k, status in polled.tasks.items()
                             if k in keys})
         return answers, errors
 
@@ -243,42 +333,68 @@ class Session:
     def _ending(self, plan: RunPlan, request: Callable[[HostPlan], Request]) -> dict[str, str]:
         results, errors = self.ask_each("teardown", plan.hosts, request, plan.options.grace + 60)
         problems = {name: str(error) for name, error in errors.items()}
-        for name, doc in results.items():
-            if doc.get("survivors"):
-                pids = ", ".join(map(str, doc["survivors"]))
+        for name, stopped in results.items():
+            if stopped.survivors:
+                pids = ", ".join(map(str, stopped.survivors))
                 problems[name] = f"{name}: processes of the run still alive after SIGKILL: {pids}"
         return problems
 
-    def fetch_output(self, plan: RunPlan, into: Path) -> int:
-        """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into`; return the number of files."""
+    def fetch_output(self, plan: RunPlan, into: Path, limits: Limits,
+                     warn: Callable[[str], None]) -> int:
+        """Copy the chief's TFDEPLOY_OUTPUT_DIR into `into` (archive.py: nothing outside it,
+        within `limits`); return the number of files. Each member skipped is passed to `warn`,
+        naming the host and the member."""
         hp = plan.chief_host
-        data = self.agents[hp.host.name].ask(fetch_output_request(hp.run_dir),
-                                             "fetching output").wait(600).get("body")
-        if not data:
-            return 0
-        into.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(into, filter="data")
-            return sum(1 for m in tar.getmembers() if m.isfile())
+        label, what = hp.host.label, "the chief's output"
+        into.parent.mkdir(parents=True, exist_ok=True)
+        with BodyFile(into.parent, limits) as spool:
+            self.agents[hp.host.name].ask(fetch_output_request(hp.run_dir, limits),
+                                          "fetching output", into=spool).wait(600)
+            archive = spool.ready(label, f"fetching {what}")
+            if archive is None:
+                return 0
+            try:
+                done = unpack(archive, str(into), limits)
+            except Refused as exc:
+                raise refused(label, what, spool.size, exc, limits) from None
+        for line in skipped_lines(label, what, done.skipped, done.skipped_count):
+            warn(line)
+        return done.files
 
     def carry_backup(self, plan: RunPlan, filesystems: Mapping[str, str | None],
+                     limits: Limits, spool_dir: Path, warn: Callable[[str], None],
                      ) -> tuple[int, list[str]]:
         """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
-        bare machines; BackupAndRestore restores every worker from the chief's backup).
-        `filesystems` (host name -> the filesystem id its push answered): hosts sharing a
-        workdir share the run directory, so the backup is written once per filesystem, and
-        not at all where the chief's own is. Returns the size of the archive carried and the
-        hosts it was written to."""
+        bare machines; BackupAndRestore restores every worker from the chief's backup), by way
+        of a file on this disk (in `spool_dir`), checked against `limits` here and unpacked
+        there as archive.py unpacks. `filesystems` (host name -> the filesystem id its push
+        answered): hosts sharing a workdir share the run directory, so the backup is written
+        once per filesystem, and not at all where the chief's own is. Returns the size of the
+        archive carried and the hosts it was written to."""
         chief = plan.chief_host
-        data = self.agents[chief.host.name].ask(fetch_backup_request(chief.run_dir),
-                                                "fetching the backup").wait(600).get("body") \
-            or _empty_tar_gz()
+        label, what = chief.host.label, "the chief's backup"
         targets = backup_targets(chief.host.name, [hp.host.name for hp in plan.hosts],
                                  filesystems)
         others = [hp for hp in plan.hosts if hp.host.name in targets]
-        self.ask_all("carrying the backup", others,
-                     lambda hp: replace_backup_request(hp.run_dir), 600, lambda hp: data)
-        return len(data), [hp.host.name for hp in others]
+        with BodyFile(spool_dir, limits) as spool:
+            self.agents[chief.host.name].ask(fetch_backup_request(chief.run_dir, limits),
+                                             "fetching the backup", into=spool).wait(600)
+            archive = spool.ready(label, f"fetching {what}")
+            try:
+                if archive is not None:
+                    survey(archive, limits)
+                    archive.seek(0)
+            except Refused as exc:
+                raise refused(label, what, spool.size, exc, limits) from None
+            data: Body = archive if archive is not None else _empty_tar_gz()
+            answers = self.ask_all("carrying the backup", others,
+                                   lambda hp: replace_backup_request(hp.run_dir, limits), 600,
+                                   lambda hp: data)
+        for name, done in answers.items():
+            for line in skipped_lines(name, f"{what} from {chief.host.name}", done.skipped,
+                                      done.skipped_count):
+                warn(line)
+        return spool.size, [hp.host.name for hp in others]
 
 
 def gather(replies: Mapping, timeout: float) -> tuple[dict, dict[object, BaseException]]:

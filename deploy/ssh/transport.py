@@ -9,6 +9,7 @@ agent.py), so the executor never knows which kind of host it talks to.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -53,6 +54,30 @@ class CommandResult:
 # the cache, a task's files) is private to the user, also on a home shared with others.
 PRIVATE = "umask 077; "
 
+# A host is untrusted input: what a command of its own (inv setup's steps) may print, and a
+# line of a stream read by lines (inv setup's build), are bounded; a longer line comes in
+# pieces. The agents' channels are read by frames, bounded by frames.py.
+OUTPUT_LIMIT = 16 << 20
+LINE_LIMIT = 1 << 20
+# sshd's PATH for a session where the environment names none.
+LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def login_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a local host's commands get (its agent, and so its tasks): what a login
+    gives an SSH host's (HOME, USER, LOGNAME, PATH, SHELL; LANG and LC_* as ssh sends them),
+    taken from this shell, so that the tasks find the same python and home. Nothing else of
+    the controller's environment (its tokens, its cloud credentials): what a task needs more
+    comes from the inventory's `env`, in its launch request, as on any host."""
+    environ = os.environ if environ is None else environ
+    account = pwd.getpwuid(os.getuid())
+    env = {"HOME": environ.get("HOME") or account.pw_dir, "USER": account.pw_name,
+           "LOGNAME": account.pw_name, "SHELL": environ.get("SHELL") or account.pw_shell,
+           "PATH": environ.get("PATH") or LOGIN_PATH}
+    env.update({k: v for k, v in environ.items() if k == "LANG" or k.startswith("LC_")})
+    return env
+
+
 class TransportError(Failure):
     """The host could not be reached or the command could not be run at all."""
 
@@ -91,10 +116,11 @@ class LocalStream:
         self.errors = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdout=subprocess.PIPE,
                                      stdin=subprocess.PIPE, stderr=self.errors,
-                                     start_new_session=True, cwd=os.path.expanduser("~"))
+                                     start_new_session=True, cwd=os.path.expanduser("~"),
+                                     env=login_environment())
 
     def __iter__(self):
-        return iter(self.proc.stdout)
+        return iter(lambda: self.proc.stdout.readline(LINE_LIMIT), b"")
 
     def readline(self, limit: int = -1) -> bytes:
         return self.proc.stdout.readline(limit)
@@ -174,8 +200,11 @@ class SshExchange:
         with self._errors():
             self.channel.shutdown_write()
             # Our commands write little to stderr, so reading stdout first cannot stall.
-            out = self.out.read()
-            err = self.channel.makefile_stderr("rb").read()
+            out = self.out.read(OUTPUT_LIMIT + 1)
+            if len(out) > OUTPUT_LIMIT:
+                raise TransportError(f"{self.label}: the command printed more than "
+                                     f"{OUTPUT_LIMIT} bytes")
+            err = self.channel.makefile_stderr("rb").read(OUTPUT_LIMIT)
             return CommandResult(self.channel.recv_exit_status(), out, err)
 
     def close(self) -> None:
@@ -243,7 +272,7 @@ class SshStream:
         return self._take(size)
 
     def __iter__(self):
-        while line := self.readline():
+        while line := self.readline(LINE_LIMIT):
             yield line
 
     def send(self, data: bytes) -> None:
@@ -274,7 +303,7 @@ class LocalTransport:
     def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
         try:
             done = subprocess.run(["/bin/sh", "-c", PRIVATE + line], input=b"".join(pieces(stdin)),
-                                  capture_output=True,
+                                  capture_output=True, env=login_environment(),
                                   timeout=timeout, cwd=os.path.expanduser("~"))
         except subprocess.TimeoutExpired:
             raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None

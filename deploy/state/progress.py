@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from deploy.host.layout import task_key, task_name
-
-FINAL_STATES = ("exited", "lost")
+from deploy.host.protocol import FINAL_STATES, TaskStatus
 # A line longer than this (a progress bar redrawn with \r and no newline for a whole epoch)
 # keeps only its last bytes for the console; the log file keeps all of it.
 MAX_PARTIAL = 64 << 10
@@ -102,16 +101,15 @@ class TaskProgress:
             return None
         return self.ended - self.started
 
-    def update(self, status: dict, data: bytes, tail_lines: int = 40) -> NewLines:
-        """Apply one answer of the host: the task's `status` and its next log bytes `data`;
-        return the complete lines they end."""
-        self.state = status.get("state", self.state)
+    def update(self, status: TaskStatus, tail_lines: int = 40) -> NewLines:
+        """Apply one answer of the host: the task's `status` (checked: protocol.py) and its
+        next log bytes; return the complete lines they end."""
+        self.state = status.state
         for key in ("code", "pid", "started", "ended"):
-            if key in status:
-                setattr(self, key, status[key])
-        self.offset = status.get("offset", self.offset)
-        self.size = status.get("size", self.size)
-        new = self.feed(data)
+            if getattr(status, key) is not None:
+                setattr(self, key, getattr(status, key))
+        self.offset, self.size = status.offset, status.size
+        new = self.feed(status.data)
         # A task that ended without a final newline still gets its last line shown.
         if self.finished and self.partial:
             new.last = self.partial.decode("utf-8", "replace")

@@ -69,9 +69,9 @@ def run_remotely(session: Session, host, payload: Path, args, env, workdir: str)
         while time.monotonic() < deadline:
             answers, errors = session.poll(plan, {0: len(log)})
             assert not errors, errors
-            log += answers[0]["data"]
-            if answers[0]["state"] == "exited" and answers[0]["offset"] >= answers[0]["size"]:
-                assert answers[0]["code"] == 0, log
+            log += answers[0].data
+            if answers[0].state == "exited" and answers[0].offset >= answers[0].size:
+                assert answers[0].code == 0, log
                 return json.loads(log.decode().strip().splitlines()[-1])
             time.sleep(0.05)
         raise AssertionError(f"the dump task did not end: {log!r}")

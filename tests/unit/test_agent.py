@@ -25,6 +25,8 @@ import pytest
 import hostpkg
 from deploy.host import env as hostenv
 from deploy.host import envkey
+from deploy.host.archive import Limits
+from deploy.host.protocol import Stopped, Tasks, TaskStatus, Unpacked
 from deploy.host.serve import WINDOW
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
@@ -80,7 +82,7 @@ def launch(host: hostpkg.LocalAgent, rundir: Path, task: int, *argv: str,
 
 
 def poll(host: hostpkg.LocalAgent, rundir: Path, task: int, offset: int = 0) -> dict:
-    return host.ask("poll", rundir, f"{task}:{offset}")["tasks"][str(task)]
+    return host.ask("poll", rundir, f"{task}:{offset}").tasks[str(task)]
 
 
 def poll_until_ended(host: hostpkg.LocalAgent, rundir: Path, task: int,
@@ -88,7 +90,7 @@ def poll_until_ended(host: hostpkg.LocalAgent, rundir: Path, task: int,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = poll(host, rundir, task)
-        if status["state"] in ("exited", "lost"):
+        if status.state in ("exited", "lost"):
             return status
         time.sleep(0.05)
     raise AssertionError(f"task {task} did not end within {timeout} s")
@@ -106,18 +108,18 @@ def wait_for_log(rundir: Path, task: int, text: bytes, timeout: float = 10) -> N
 
 def test_launch_records_exit_code_and_log(host, rundir, run_id):
     info = launch(host, rundir, 0, "/bin/sh", "-c", "echo hi; exit 4")
-    assert info["pid"] == info["pgid"] and info["started"] > 0
-    assert json.loads((rundir / "worker-0.pid").read_text()) == info
+    assert info.pid == info.pgid and info.started > 0
+    assert json.loads((rundir / "worker-0.pid").read_text()) == info.document()
     status = poll_until_ended(host, rundir, 0)
-    assert (status["state"], status["code"], status["pid"]) == ("exited", 4, info["pid"])
-    assert status["data"] == b"hi\n"
-    assert (status["offset"], status["size"]) == (3, 3)
-    assert status["ended"] >= status["started"]
+    assert (status.state, status.code, status.pid) == ("exited", 4, info.pid)
+    assert status.data == b"hi\n"
+    assert (status.offset, status.size) == (3, 3)
+    assert status.ended >= status.started
     assert (rundir / "worker-0.log").read_bytes() == b"hi\n"
     assert json.loads((rundir / "worker-0.exit").read_text())["code"] == 4
     # Reading on from an offset gives only the rest.
     rest = poll(host, rundir, 0, offset=1)
-    assert rest["data"] == b"i\n" and rest["offset"] == 3
+    assert rest.data == b"i\n" and rest.offset == 3
     assert wait_until_gone(run_id, 5) == []       # the supervisor exits right after the task
 
 
@@ -137,8 +139,8 @@ def test_launch_prefers_the_setup_env_python_when_it_exists(host, rundir, tmp_pa
     launch(host, rundir, 0, sys.executable, "-c", "import sys; print(sys.executable)",
            prefer=requirements)
     status = poll_until_ended(host, rundir, 0)
-    assert status["code"] == 0
-    ran = status["data"].decode().strip()
+    assert status.code == 0
+    ran = status.data.decode().strip()
     assert ran == (str(envpy) if exists else sys.executable)
 
 
@@ -147,8 +149,8 @@ def test_launch_passes_the_environment_of_the_request_and_runs_in_cwd(host, rund
     launch(host, rundir, 0, "/bin/sh", "-c",
            'printf "%s|%s|%s" "$GREETING" "$TFDEPLOY_RUN_ID" "$PWD"', env={"GREETING": hostile})
     status = poll_until_ended(host, rundir, 0)
-    assert status["code"] == 0
-    assert status["data"].decode() == f"{hostile}|{rundir.name}|{rundir}"
+    assert status.code == 0
+    assert status.data.decode() == f"{hostile}|{rundir.name}|{rundir}"
     assert not (rundir / "x").exists()
 
 
@@ -161,20 +163,20 @@ def test_path_variables_are_expanded_and_created_on_the_host(rundir, tmp_path, m
         launch(host, rundir, 0, "/bin/sh", "-c", 'printf %s "$TFDEPLOY_OUTPUT_DIR"',
                env={"TFDEPLOY_OUTPUT_DIR": "~/out/put"})
         status = poll_until_ended(host, rundir, 0)
-    assert status["data"].decode() == f"{home}/out/put"
+    assert status.data.decode() == f"{home}/out/put"
     assert (home / "out" / "put").is_dir()
 
 
 def test_a_program_that_cannot_start_exits_127(host, rundir):
     launch(host, rundir, 0, str(rundir / "no-such-program"))
     status = poll_until_ended(host, rundir, 0)
-    assert (status["state"], status["code"]) == ("exited", 127)
-    assert b"tfdeploy: cannot start" in status["data"]
+    assert (status.state, status.code) == ("exited", 127)
+    assert b"tfdeploy: cannot start" in status.data
 
 
 def test_poll_of_a_task_never_launched_is_pending(host, rundir):
     status = poll(host, rundir, 7)
-    assert status == {"state": "pending", "size": 0, "offset": 0, "data": b""}
+    assert status == TaskStatus("pending", size=0, offset=0)
 
 
 def test_poll_refuses_a_directory_that_is_not_a_run(host, tmp_path):
@@ -184,9 +186,9 @@ def test_poll_refuses_a_directory_that_is_not_a_run(host, tmp_path):
 
 def test_a_killed_supervisor_makes_the_task_lost(host, rundir):
     info = launch(host, rundir, 0, "sleep", "60")
-    os.killpg(info["pgid"], signal.SIGKILL)      # the whole group, as a crash or OOM would
+    os.killpg(info.pgid, signal.SIGKILL)      # the whole group, as a crash or OOM would
     status = poll_until_ended(host, rundir, 0)
-    assert status["state"] == "lost" and "code" not in status
+    assert status.state == "lost" and status.code is None
 
 
 def wait_for_processes(run_id: str, count: int, timeout: float = 10) -> None:
@@ -201,14 +203,14 @@ def test_stop_ends_a_sleeping_task_with_sigterm(host, rundir, run_id):
     info = launch(host, rundir, 0, "sleep", "60")
     wait_for_processes(run_id, 2)                 # the supervisor and sleep
     result = host.ask("stop", rundir, "1")
-    assert result == {"signalled": {"0": ["SIGTERM"]}, "survivors": []}
+    assert result == Stopped(signalled={"0": ("SIGTERM",)})
     assert processes_of_run(run_id) == []
     status = poll_until_ended(host, rundir, 0)
     # The supervisor outlives the TERM and records how its child ended: 128 + SIGTERM.
-    assert (status["state"], status["code"]) == ("exited", 128 + signal.SIGTERM)
-    assert status["pid"] == info["pid"]
+    assert (status.state, status.code) == ("exited", 128 + signal.SIGTERM)
+    assert status.pid == info.pid
     # Stopping again finds nothing to signal.
-    assert host.ask("stop", rundir, "1") == {"signalled": {}, "survivors": []}
+    assert host.ask("stop", rundir, "1") == Stopped()
 
 
 def test_stop_escalates_to_kill_for_a_task_that_ignores_term(host, rundir, run_id):
@@ -217,9 +219,9 @@ def test_stop_escalates_to_kill_for_a_task_that_ignores_term(host, rundir, run_i
            "print('ready', flush=True); time.sleep(60)")
     wait_for_log(rundir, 0, b"ready\n")
     result = host.ask("stop", rundir, "0.3")
-    assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
+    assert result == Stopped(signalled={"0": ("SIGTERM", "SIGKILL")})
     assert processes_of_run(run_id) == []
-    assert poll_until_ended(host, rundir, 0)["state"] in ("exited", "lost")
+    assert poll_until_ended(host, rundir, 0).state in ("exited", "lost")
 
 
 def test_stop_ends_the_processes_that_left_the_tasks_group(host, rundir, run_id):
@@ -230,8 +232,8 @@ def test_stop_ends_the_processes_that_left_the_tasks_group(host, rundir, run_id)
     pids = escaped_pids((rundir / "worker-0.log").read_text())
     assert set(pids) < set(processes_of_run(run_id))
     result = host.ask("stop", rundir, "5")
-    assert result["escaped"] == pids and result["survivors"] == []
-    assert result["signalled"] == {"0": ["SIGTERM"]}
+    assert list(result.escaped) == pids and result.survivors == ()
+    assert result.signalled == {"0": ("SIGTERM",)}
     assert processes_of_run(run_id) == []
 
 
@@ -242,8 +244,8 @@ def test_stop_spares_other_runs_and_its_own_process(rundir, run_id, monkeypatch)
     monkeypatch.setenv("TFDEPLOY_RUN_ID", run_id)
     try:
         with hostpkg.LocalAgent() as agent:
-            assert agent.ask("stop", rundir, "1") == {"signalled": {}, "survivors": []}
-            assert len(agent.ask("ports", "1")["ports"]) == 1       # it is still there
+            assert agent.ask("stop", rundir, "1") == Stopped()
+            assert len(agent.ask("ports", "1").ports) == 1       # it is still there
         assert other.poll() is None
     finally:
         other.kill()
@@ -257,7 +259,7 @@ class Following:
     def __init__(self, agent: HostAgent, rundir: Path, offsets: dict[str, int],
                  credits: bool = True):
         self.agent, self.credits = agent, credits
-        self.frames: list[dict] = []
+        self.frames: list[Tasks] = []
         self.arrived = threading.Condition()
         self.ended = threading.Event()
         self.asked = threading.Event()        # a frame may come before ask() has returned
@@ -265,7 +267,7 @@ class Following:
                                on_frame=self._frame, on_end=lambda reply: self.ended.set())
         self.asked.set()
 
-    def _frame(self, doc: dict) -> None:
+    def _frame(self, doc: Tasks) -> None:
         with self.arrived:
             self.frames.append(doc)
             self.arrived.notify_all()
@@ -276,13 +278,13 @@ class Following:
         self.asked.wait(10)
         self.agent.tell(credit_request(self.reply.number))
 
-    def wait_for(self, count: int, timeout: float = 15) -> list[dict]:
+    def wait_for(self, count: int, timeout: float = 15) -> list[Tasks]:
         with self.arrived:
             assert self.arrived.wait_for(lambda: len(self.frames) >= count, timeout), \
                 f"{len(self.frames)} frames of {count}"
             return list(self.frames)
 
-    def end(self, timeout: float = 30) -> dict:
+    def end(self, timeout: float = 30) -> Tasks:
         return self.reply.wait(timeout)
 
 
@@ -290,14 +292,14 @@ def test_follow_streams_until_every_task_has_ended(host, rundir):
     launch(host, rundir, 0, "/bin/sh", "-c", "echo one; sleep 0.3; echo two")
     launch(host, rundir, 1, "/bin/sh", "-c", "exit 3")
     following = Following(host.agent, rundir, {"0": 0, "1": 0})
-    assert following.end() == {"end": True}
+    assert following.end() == Tasks(end=True)
     docs = following.frames
-    logged = b"".join(d["tasks"]["0"]["data"] for d in docs if "0" in d["tasks"])
+    logged = b"".join(d.tasks["0"].data for d in docs if "0" in d.tasks)
     assert logged == b"one\ntwo\n"
     finals = {}
     for doc in docs:
-        finals.update(doc["tasks"])
-    assert {t: (s["state"], s["code"]) for t, s in finals.items()} == {
+        finals.update(doc.tasks)
+    assert {t: (s.state, s.code) for t, s in finals.items()} == {
         "0": ("exited", 0), "1": ("exited", 3)}
 
 
@@ -310,18 +312,18 @@ def test_a_follow_sends_at_most_its_window_ahead_of_the_credits(host, rundir, ru
     following.wait_for(WINDOW)
     time.sleep(0.5)              # ten more lines logged: frames beyond the window, were any sent
     assert len(following.frames) == WINDOW and not following.ended.is_set()
-    assert host.ask("poll", rundir, "0:0")["tasks"]["0"]["state"] == "running"  # still answers
+    assert host.ask("poll", rundir, "0:0").tasks["0"].state == "running"  # still answers
     following.credit()
     following.credit()
     assert len(following.wait_for(WINDOW + 2)) == WINDOW + 2
     time.sleep(0.3)
     assert len(following.frames) == WINDOW + 2
-    assert host.ask("stop", rundir, "5")["signalled"] == {"0": ["SIGTERM"]}
+    assert host.ask("stop", rundir, "5").signalled == {"0": ("SIGTERM",)}
     following.credits = True     # from now on every frame taken is credited, as Followers do
     for _ in range(WINDOW):
         following.credit()
-    assert following.end() == {"end": True}
-    logged = b"".join(d["tasks"]["0"]["data"] for d in following.frames if "0" in d["tasks"])
+    assert following.end() == Tasks(end=True)
+    logged = b"".join(d.tasks["0"].data for d in following.frames if "0" in d.tasks)
     assert logged == (rundir / "worker-0.log").read_bytes() and logged.count(b"\n") > 10
 
 
@@ -356,22 +358,22 @@ def test_followers_take_a_flood_of_frames_crediting_each_and_a_stop_through_them
             assert event.kind != "error", event.error
             if event.kind == "end":
                 ended = True
-            elif "stopped" in event.doc:
-                stopped = event.doc["stopped"]
+            elif event.kind == "stopped":
+                stopped = event.stopped
             else:
                 frames += 1
-                status = event.doc["tasks"].get("0")
-                logged += status["data"] if status else b""
-                if status and status["state"] == "exited" and status["offset"] >= status[
-                        "size"] and stopped is None:
+                status = event.tasks.tasks.get("0")
+                logged += status.data if status else b""
+                if status and status.state == "exited" and status.offset >= status.size \
+                        and stopped is None:
                     assert followers.send_stop(5) == []
                     stopped = {}
         followers.close()
-    assert ended and flood["pid"] > 0
+    assert ended and flood.pid > 0
     assert logged == (rundir / "worker-0.log").read_bytes() == (b"x" * 1023 + b"\n") * 6144
     assert frames >= 6 > WINDOW  # more than the window: the credits kept the follow going
     # Task 1 was running; task 0's supervisor may still have been on its way out.
-    assert stopped["signalled"]["1"] == ["SIGTERM"] and stopped["survivors"] == []
+    assert stopped.signalled["1"] == ("SIGTERM",) and stopped.survivors == ()
 
 
 def test_cleanup_refuses_a_directory_not_named_after_its_run(host, rundir, tmp_path, run_id):
@@ -402,8 +404,8 @@ def test_cleanup_stops_the_run_and_removes_its_directory(host, rundir, tmp_path,
     (rundir / "output").mkdir()
     (rundir / "output" / "model.bin").write_bytes(b"\0" * 10)
     result = host.ask("cleanup", rundir, "1")
-    assert result["survivors"] == [] and result["removed"] == os.path.realpath(rundir)
-    assert result["signalled"] == {"0": ["SIGTERM"]}
+    assert result.survivors == () and result.removed == os.path.realpath(rundir)
+    assert result.signalled == {"0": ("SIGTERM",)}
     assert not rundir.exists()
     assert (tmp_path / "work" / "runs").is_dir()       # only the run's own directory goes
     assert processes_of_run(run_id) == []
@@ -458,20 +460,20 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
         push = PayloadPush(payload, "train.py", run_id)
         answer = agent.ask(hp.push, "push", push.stage).wait(60)
         # A small new file rides along with the manifest: one round trip assembles the payload.
-        assert answer["received"] == [f.sha256 for f in push.files] and answer["missing"] == []
-        assert answer["assembled"] is True
+        assert answer.received == tuple(f.sha256 for f in push.files) and answer.missing == ()
+        assert answer.assembled is True
         rundir = Path(hp.run_dir)
         assert json.loads((rundir / "run.json").read_text()) == {"run_id": run_id}
 
         agent.ask(task.launch, "launch").wait(30)
         deadline = time.monotonic() + 15
         while True:
-            status = agent.ask(poll_request(hp.run_dir, {"0": 0}), "poll").wait(30)["tasks"]["0"]
-            if status["state"] in ("exited", "lost") or time.monotonic() > deadline:
+            status = agent.ask(poll_request(hp.run_dir, {"0": 0}), "poll").wait(30).tasks["0"]
+            if status.state in ("exited", "lost") or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        log = status["data"].decode()
-        assert (status["state"], status["code"]) == ("exited", 0), log
+        log = status.data.decode()
+        assert (status.state, status.code) == ("exited", 0), log
         seen = json.loads(log)
         assert seen["argv"] == list(args)
         assert seen["cwd"] == f"{rundir}/payload"
@@ -479,19 +481,19 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
         assert seen["env"]["SECRET"] == "s3cr3t $HOME"
         assert not canary.exists()
 
-        fetched = agent.ask(fetch_output_request(hp.run_dir), "fetch").wait(30)["body"]
+        fetched = hostpkg.fetched(agent, fetch_output_request(hp.run_dir, Limits()), tmp_path)
         with tarfile.open(fileobj=io.BytesIO(fetched)) as tar:
             assert tar.extractfile("./result.txt").read() == b"saved"
 
         assert wait_until_gone(run_id, 5) == []      # the supervisor, too, has exited
         stopped = agent.ask(stop_request(hp.run_dir, 1), "stop").wait(30)
-        assert stopped == {"signalled": {}, "survivors": []}
+        assert stopped == Stopped()
         cleaned = agent.ask(cleanup_request(host, hp.run_dir, 1), "cleanup").wait(30)
-        assert cleaned["survivors"] == [] and not rundir.exists()
+        assert cleaned.survivors == () and not rundir.exists()
         assert (workdir / "runs").is_dir()
         # A second cleanup (the run dir is gone) answers instead of failing.
         again = agent.ask(cleanup_request(host, hp.run_dir, 1), "cleanup").wait(30)
-        assert again == {"signalled": {}, "survivors": [], "absent": True}
+        assert again == Stopped(absent=True)
     finally:
         agent.close()
         transport.close()
@@ -499,13 +501,13 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
 
 def test_a_relaunch_sets_the_previous_attempt_aside_and_marks_the_log(host, rundir):
     first = launch(host, rundir, 0, "/bin/sh", "-c", "printf 'no newline at the end'; exit 3")
-    assert poll_until_ended(host, rundir, 0)["code"] == 3
+    assert poll_until_ended(host, rundir, 0).code == 3
     second = launch(host, rundir, 0, "/bin/sh", "-c", "echo again",
                     env={"TFDEPLOY_ATTEMPT": "2"})
     status = poll_until_ended(host, rundir, 0)
     # The new attempt's state, not the old exit file's; the old files are kept aside.
-    assert (status["state"], status["code"], status["pid"]) == ("exited", 0, second["pid"])
-    assert json.loads((rundir / "worker-0.pid.1").read_text()) == first
+    assert (status.state, status.code, status.pid) == ("exited", 0, second.pid)
+    assert json.loads((rundir / "worker-0.pid.1").read_text()) == first.document()
     assert json.loads((rundir / "worker-0.exit.1").read_text())["code"] == 3
     lines = (rundir / "worker-0.log").read_text().splitlines()
     assert lines[0] == "no newline at the end"
@@ -523,8 +525,7 @@ def test_stop_kills_a_group_that_ignores_term_without_waiting_the_grace(host, ru
     started = time.monotonic()
     result = host.ask("stop", rundir, "30")
     took = time.monotonic() - started
-    assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"], "1": ["SIGTERM"]},
-                      "survivors": []}
+    assert result == Stopped(signalled={"0": ("SIGTERM", "SIGKILL"), "1": ("SIGTERM",)})
     assert took < 15, f"stop waited {took:.1f} s: the 30 s grace was not cut short"
     assert processes_of_run(run_id) == []
 
@@ -538,7 +539,7 @@ def test_a_task_that_handles_term_keeps_its_grace(host, rundir, run_id):
     started = time.monotonic()
     result = host.ask("stop", rundir, "1.5")
     assert time.monotonic() - started >= 1.5
-    assert result == {"signalled": {"0": ["SIGTERM", "SIGKILL"]}, "survivors": []}
+    assert result == Stopped(signalled={"0": ("SIGTERM", "SIGKILL")})
     assert b"term\n" in (rundir / "worker-0.log").read_bytes()
 
 
@@ -546,19 +547,22 @@ def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(host, tm
     source = tmp_path / "chief" / "runs" / rundir.name
     (source / "backup" / "chief").mkdir(parents=True)
     (source / "backup" / "chief" / "checkpoint").write_text("epoch 2")
-    archive = host.agent.ask(fetch_backup_request(str(source)), "fetch").wait(30)["body"]
+    archive = hostpkg.fetched(host.agent, fetch_backup_request(str(source), Limits()), tmp_path)
     (rundir / "backup" / "workertemp_1").mkdir(parents=True)
     (rundir / "backup" / "stale").write_text("old")
-    host.agent.ask(replace_backup_request(str(rundir)), "replace", archive).wait(30)
+    answer = host.agent.ask(replace_backup_request(str(rundir), Limits()), "replace",
+                            archive).wait(30)
+    assert answer == Unpacked(files=1)
     assert sorted(str(p.relative_to(rundir)) for p in (rundir / "backup").rglob("*")) == [
         "backup/chief", "backup/chief/checkpoint"]
     assert (rundir / "run.json").exists()
     # A chief with no backup yet gives nothing; the host's backup is then emptied.
-    nothing = host.agent.ask(fetch_backup_request(str(tmp_path / "none")), "fetch").wait(30)
-    assert "body" not in nothing
+    assert hostpkg.fetched(host.agent, fetch_backup_request(str(tmp_path / "none"), Limits()),
+                           tmp_path) == b""
     # Only a run's own directory has its backup replaced (the chief's here has no run.json).
     with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
-        host.agent.ask(replace_backup_request(str(source)), "replace", archive).wait(30)
+        host.agent.ask(replace_backup_request(str(source), Limits()), "replace",
+                       archive).wait(30)
     assert (source / "backup" / "chief" / "checkpoint").read_text() == "epoch 2"
 
 
@@ -570,9 +574,9 @@ def test_a_stop_asked_while_following_ends_the_tasks_and_the_follow(host, rundir
     # would leave nothing running to report.
     following.wait_for(1)
     stopped = host.agent.ask(stop_request(str(rundir), 5), "stopping").wait(30)
-    assert stopped == {"signalled": {"0": ["SIGTERM"]}, "survivors": []}
-    assert following.end() == {"end": True}
-    states = [d["tasks"]["0"]["state"] for d in following.frames if "0" in d.get("tasks", {})]
+    assert stopped == Stopped(signalled={"0": ("SIGTERM",)})
+    assert following.end() == Tasks(end=True)
+    states = [d.tasks["0"].state for d in following.frames if "0" in d.tasks]
     assert states[0] == "running" and states[-1] == "exited"
     assert processes_of_run(run_id) == []
 
@@ -599,7 +603,7 @@ def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(host, rundir
         pid = json.loads((rundir / hostenv.BUILD_PID).read_text())["pgid"]
         assert os.getpgid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
         result = host.ask("cleanup", rundir, "1")
-        assert result["signalled"] == {"build": ["SIGTERM"]} and result["survivors"] == []
+        assert result.signalled == {"build": ("SIGTERM",)} and result.survivors == ()
         assert not rundir.exists() and processes_of_run(run_id) == []
     finally:
         thread.join(10)

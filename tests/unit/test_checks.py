@@ -15,6 +15,7 @@ import pytest
 import hostpkg
 from deploy.host.check import version_of
 from deploy.host.envkey import env_python
+from deploy.host.protocol import Connect, MeshDialed, MeshListening, MeshResult, Probe
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, MIN_DISK_FREE, PUSH_MARGIN_BYTES, CheckReport, HostCheck,
@@ -41,9 +42,11 @@ def inventory(text=THREE):
 
 
 def probe(versions=GOOD, free=10 * 1024 ** 3, ports=(20001, 20002, 20003, 20004, 20005),
-          writable=True):
-    return {"python": "3.11.2", "versions": dict(versions), "disk_path": "/srv",
-            "disk_free": free, "writable": writable, "ports": list(ports)}
+          writable=True, **more):
+    return Probe.decode({"python": "3.11.2", "executable": "python3",
+                         "versions": dict(versions), "disk_path": "/srv", "disk_free": free,
+                         "writable": writable, "ports": list(ports), "ipv6": True, **more},
+                        "probe")
 
 
 def probed(text=THREE, answers=None):
@@ -94,7 +97,7 @@ def test_the_probe_runs_the_setup_environment_where_it_exists(agent, tmp_path, e
                      f" python: '{sys.executable}'}}\n").hosts[0]
     answer = agent.agent.ask(probe_request(host, requirements), "probe",
                              HOSTCHECK_SOURCE.read_bytes()).wait(60)
-    assert answer["executable"] == (str(env) if env_exists else sys.executable)
+    assert answer.executable == (str(env) if env_exists else sys.executable)
 
 
 def test_a_healthy_probe_has_no_problems():
@@ -171,7 +174,12 @@ def answers_for(specs, failing=()):
     return {name: {"connects": [
         {"address": a, "port": p, "host": h, **({"error": failing[(name, p)]}
                                                   if (name, p) in failing else {"ok": True})}
-        for a, p, h in spec["targets"]], "bind_errors": {}} for name, spec in specs.items()}
+        for a, p, h in spec["targets"]], "accepted": {}, "bind_errors": {}}
+        for name, spec in specs.items()}
+
+
+def decoded(answers):
+    return {name: MeshResult.decode(answer, "mesh-close") for name, answer in answers.items()}
 
 
 def test_mesh_problems_land_on_the_host_that_was_not_reached():
@@ -180,7 +188,7 @@ def test_mesh_problems_land_on_the_host_that_was_not_reached():
     answers = answers_for(mesh_specs(checks, "n"), {("a", 20002): "timeout",
                                                     ("c", 20002): "refused"})
     answers["b"]["bind_errors"] = {"20003": "Address already in use"}
-    judge_mesh(checks, answers, {})
+    judge_mesh(checks, decoded(answers), {})
     a, b, c = checks
     assert a.problems == [] and c.problems == []
     assert b.problems == [
@@ -199,7 +207,7 @@ def test_mesh_reaching_the_wrong_host_or_a_stranger_is_said_so():
     answers = answers_for(mesh_specs(checks, "n"))
     answers["a"]["connects"][2].update(ok=False, error="wrong-host", detail="b")
     answers["b"]["connects"][0].update(ok=False, error="foreign")
-    judge_mesh(checks, answers, {"c": "c (ssh-c): mesh check failed: timed out"})
+    judge_mesh(checks, decoded(answers), {"c": "c (ssh-c): mesh check failed: timed out"})
     assert checks[2].problems == [
         "c (10.1.2.5): port 20004: a reached host b's listener instead — c and b have cluster "
         "addresses that lead to the same machine",
@@ -212,7 +220,7 @@ def test_mesh_reaching_the_wrong_host_or_a_stranger_is_said_so():
 def test_rows_one_per_host_with_versions_disk_ports_mesh_and_problems():
     checks = probed(answers={"b": probe(versions={**GOOD, "numpy": None})})
     assign_task_ports(checks)
-    judge_mesh(checks, answers_for(mesh_specs(checks, "n")), {})
+    judge_mesh(checks, decoded(answers_for(mesh_specs(checks, "n"))), {})
     unreachable = HostCheck(inventory("hosts:\n  - {name: d, address: 10.9.9.9}\n").hosts[0],
                             problems=["d (10.9.9.9): no answer on port 22"])
     table = rows(CheckReport(checks + [unreachable]))
@@ -262,17 +270,18 @@ def mesh(agent, spec: dict, timeout: float = 30) -> dict:
 def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_dir(
         agent, tmp_path, asked):
     args = (str(tmp_path / "not" / "yet"), "3")
-    answer = agent.ask("probe", *args, "", "") if asked == "agent" else hostcheck("probe", *args)
-    assert answer["disk_path"] == str(tmp_path) and answer["disk_free"] > 0
-    assert answer["writable"] is True and len(set(answer["ports"])) == 3
-    assert answer["python"] == sys.version.split()[0]
+    answer = agent.ask("probe", *args, "", "") if asked == "agent" else \
+        Probe.decode(hostcheck("probe", *args), "probe")
+    assert answer.disk_path == str(tmp_path) and answer.disk_free > 0
+    assert answer.writable is True and len(set(answer.ports)) == 3
+    assert answer.python == sys.version.split()[0]
     from importlib import metadata
-    assert answer["versions"]["numpy"] == metadata.version("numpy")
+    assert answer.versions["numpy"] == metadata.version("numpy")
     assert not (tmp_path / "not").exists()
 
 
 def test_ports_are_distinct_free_ports(agent):
-    ports = agent.ask("ports", "3")["ports"]
+    ports = agent.ask("ports", "3").ports
     assert len(ports) == 3 and len(set(ports)) == 3
     assert all(isinstance(p, int) and 0 < p < 65536 for p in ports)
 
@@ -288,10 +297,9 @@ def test_mesh_answers_with_its_identity_and_stops_its_listeners(agent, tmp_path)
     spec = {"host": "a", "nonce": "n0", "window": 2, "attempt": 1, "listen": {str(mine): 1},
             "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
     answer = mesh(agent, spec)
-    assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
-                                     "host": "a"}
-    assert answer["connects"][1]["error"] == "refused"
-    assert answer["accepted"] == {str(mine): 1}
+    assert answer.connects[0] == Connect("127.0.0.1", mine, "a", ok=True)
+    assert answer.connects[1].error == "refused"
+    assert answer.accepted == {str(mine): 1}
     with socket.socket() as s:          # the listener is gone with the answer
         assert s.connect_ex(("127.0.0.1", mine)) != 0
 
@@ -300,8 +308,8 @@ def test_mesh_says_when_a_port_belongs_to_another_host_listener(agent):
     port = free_port()
     spec = {"host": "b", "nonce": "n1", "window": 2, "attempt": 1, "listen": {str(port): 1},
             "targets": [["127.0.0.1", port, "a"]]}
-    (result,) = mesh(agent, spec)["connects"]
-    assert result["error"] == "wrong-host" and result["detail"] == "b"
+    (result,) = mesh(agent, spec).connects
+    assert result.error == "wrong-host" and result.detail == "b"
 
 
 def test_mesh_listeners_end_by_themselves_when_callers_never_come(agent):
@@ -310,13 +318,13 @@ def test_mesh_listeners_end_by_themselves_when_callers_never_come(agent):
     spec = {"host": "a", "nonce": "n2", "window": 1, "attempt": 1, "listen": {str(port): 2},
             "targets": []}
     answer = mesh(agent, spec, timeout=15)    # ends by itself, or this fails
-    assert answer == {"connects": [], "accepted": {str(port): 0}, "bind_errors": {}}
+    assert answer == MeshResult(connects=(), accepted={str(port): 0}, bind_errors={})
 
 
 def test_an_ipv6_cluster_address_on_a_host_without_ipv6_is_named():
     v6 = "hosts:\n  - {name: a, address: gpu-a.lab, cluster_address: 'fd00::3'}\n" \
          "  - {name: b, address: 10.1.2.4}\n"
-    a, b = probed(v6, answers={"a": {**probe(), "ipv6": False}, "b": {**probe(), "ipv6": False}})
+    a, b = probed(v6, answers={"a": probe(ipv6=False), "b": probe(ipv6=False)})
     (problem,) = a.problems
     assert "a (gpu-a.lab): cluster address fd00::3 is IPv6, but the host has no IPv6" in problem
     assert b.problems == []           # an IPv4 cluster address needs no IPv6
@@ -343,13 +351,13 @@ def ipv6_loopback() -> bool:
 @pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback ::1")
 def test_mesh_listeners_answer_callers_over_ipv6_and_ipv4_alike(agent):
     """As TensorFlow's gRPC binds [::]:port: one listener, reached at ::1 and at 127.0.0.1."""
-    port = agent.ask("ports", "1")["ports"][0]
+    port = agent.ask("ports", "1").ports[0]
     spec = {"host": "a", "nonce": "n6", "window": 3, "attempt": 1, "listen": {str(port): 2},
             "targets": [["::1", port, "a"], ["127.0.0.1", port, "a"]]}
     answer = mesh(agent, spec)
-    assert [c.get("ok") for c in answer["connects"]] == [True, True], answer
-    assert answer["accepted"] == {str(port): 2} and answer["bind_errors"] == {}
-    assert agent.ask("probe", "/", "1", "", "")["ipv6"] is True
+    assert [c.ok for c in answer.connects] == [True, True], answer
+    assert answer.accepted == {str(port): 2} and answer.bind_errors == {}
+    assert agent.ask("probe", "/", "1", "", "").ipv6 is True
 
 
 def test_a_driven_mesh_probe_listens_until_told_to_dial_and_to_close(agent):
@@ -360,18 +368,16 @@ def test_a_driven_mesh_probe_listens_until_told_to_dial_and_to_close(agent):
             "targets": [["127.0.0.1", mine, "a"], ["127.0.0.1", dead, "b"]]}
     listen, dial, close = mesh_requests(spec)
     try:
-        assert agent.agent.ask(listen, "listen").wait(30) == {"listening": [mine],
-                                                              "bind_errors": {}}
+        assert agent.agent.ask(listen, "listen").wait(30) == MeshListening((mine,), {})
         time.sleep(1.5)                     # three windows: a host slow to start its probe
-        assert agent.agent.ask(dial, "dial").wait(30) == {"dialed": 2}
+        assert agent.agent.ask(dial, "dial").wait(30) == MeshDialed(2)
         with socket.socket() as s:          # still listening after dialing, until "close"
             assert s.connect_ex(("127.0.0.1", mine)) == 0
     finally:
         answer = agent.agent.ask(close, "close").wait(30)
-    assert answer["connects"][0] == {"ok": True, "address": "127.0.0.1", "port": mine,
-                                     "host": "a"}
-    assert answer["connects"][1]["error"] == "refused"
-    assert answer["accepted"] == {str(mine): 1}
+    assert answer.connects[0] == Connect("127.0.0.1", mine, "a", ok=True)
+    assert answer.connects[1].error == "refused"
+    assert answer.accepted == {str(mine): 1}
     with socket.socket() as s:              # closed: the listener is gone
         assert s.connect_ex(("127.0.0.1", mine)) != 0
 
@@ -409,7 +415,7 @@ def test_no_host_dials_before_every_host_listens_however_late_one_starts(agent):
         f"  - {{name: b, transport: local, python: '{sys.executable}', workers: 2, workdir: /b}}\n",
         "lab.yaml", environ={}).hosts
     checks = [HostCheck(h) for h in hosts]
-    ports = iter(agent.ask("ports", "3")["ports"])
+    ports = iter(agent.ask("ports", "3").ports)
     for c in checks:
         c.ports = [next(ports) for _ in range(c.host.workers)]
     specs = mesh_specs(checks, "n4")
@@ -446,7 +452,7 @@ def test_the_checks_run_through_a_session_of_agents(tmp_path):
     checked = {c.host.name: c for c in report.hosts}
     assert checked["c"].problems == ["c: no answer on port 22"]
     for name in "ab":
-        assert checked[name].probe["python"] == sys.version.split()[0]
+        assert checked[name].probe.python == sys.version.split()[0]
         assert checked[name].problems == [], checked[name].problems
     assert [(checked[n].mesh_in, checked[n].mesh_out) for n in "ab"] == [
         ((1, 1), (2, 2)), ((4, 4), (3, 3))]
@@ -530,6 +536,6 @@ def test_the_agent_finds_the_packages_the_tasks_import(agent, tmp_path):
     host = inventory(f"hosts:\n  - {{name: a, address: x, workdir: '{tmp_path}',"
                      f" python: '{sys.executable}'}}\n").hosts[0]
     answer = agent.agent.ask(probe_request(host), "probe").wait(60)
-    assert answer["versions"] == {"tensorflow": metadata.version("tensorflow"),
+    assert answer.versions == {"tensorflow": metadata.version("tensorflow"),
                                   "tf_keras": metadata.version("tf-keras"),
                                   "numpy": metadata.version("numpy")}

@@ -45,3 +45,16 @@ def test_a_missing_inventory_given_by_name_is_refused(tmp_path):
 
 def test_the_built_in_inventory_is_the_checkouts_default():
     assert builtin_inventory().hosts == load_inventory(REPO / "hosts.yaml").hosts
+
+
+def test_max_fetch_takes_a_size_and_refuses_what_is_not_one():
+    import pytest
+    import tasks
+    from deploy.errors import BadInput
+    from deploy.host.archive import Limits
+    assert tasks.fetch_limits("--max-fetch", "") == Limits()
+    assert tasks.fetch_limits("--max-fetch", "500MiB").bytes == 500 << 20
+    assert tasks.fetch_limits("--max-fetch", "32g").bytes == 32 << 30
+    for bad in ("lots", "1KiB", "nanGiB", "infT", "-1GiB", "2000TiB"):
+        with pytest.raises(BadInput, match="--max-fetch takes a size from 1MiB to 1024TiB"):
+            tasks.fetch_limits("--max-fetch", bad)

@@ -12,6 +12,8 @@ from test_shell import HOME, HOSTILE, printf_words, through_shell
 
 import hostpkg
 from deploy.errors import BadInput
+from deploy.host.archive import Limits
+from deploy.host.protocol import Stopped
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.command import Command, HostPath, Request, Shell
@@ -72,12 +74,14 @@ def test_requests_work_in_a_hostile_run_dir(tmp_path):
     (other / "run.json").write_text(json.dumps({"run_id": other.name}))
     host = hostpkg.local_host()
     with hostpkg.LocalAgent(host) as local:
-        archive = local.agent.ask(fetch_backup_request(str(chief)), "fetch").wait(30)["body"]
-        local.agent.ask(replace_backup_request(str(other)), "replace", archive).wait(30)
+        archive = hostpkg.fetched(local.agent, fetch_backup_request(str(chief), Limits()),
+                                  tmp_path)
+        local.agent.ask(replace_backup_request(str(other), Limits()), "replace",
+                        archive).wait(30)
         assert (other / "backup" / "state").read_text() == "epoch 2"
         answer = local.agent.ask(cleanup_request(host, str(tmp_path / "never $(id)"), 1),
                                  "cleanup").wait(30)
-    assert answer == {"signalled": {}, "survivors": [], "absent": True}
+    assert answer == Stopped(absent=True)
     assert not canary.exists()
 
 
@@ -126,8 +130,8 @@ class RecordingStream:
     def send(self, data: bytes) -> None:
         self.sent.append(bytes(data))
         if data.startswith(b"{"):
-            self.answers.put(json.dumps({"id": json.loads(data)["id"], "pid": 1}).encode()
-                             + b"\n")
+            self.answers.put(json.dumps({"id": json.loads(data)["id"], "pid": 1, "pgid": 1,
+                                         "started": 1.0}).encode() + b"\n")
 
     def readline(self, limit: int = -1) -> bytes:
         return self.answers.get()

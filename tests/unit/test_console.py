@@ -16,6 +16,7 @@ from deploy.console.view import (
 )
 from deploy.errors import Failure
 from deploy.run.reattach import plot as plot_run
+from deploy.host.protocol import TaskStatus
 from deploy.state.progress import NewLines, TaskProgress
 from deploy.state.record import RunState
 from test_records import lab_plan, recorded
@@ -260,8 +261,8 @@ def test_a_flood_prints_samples_with_its_rate_and_every_epoch_line():
         view.lines(task, new_lines(["a readable burst"] * 10))
         for second in range(3):
             flood = [f"line {second}-{i}" for i in range(50_000)]
-            new = task.update({"state": "running"}, ("\n".join(flood + [epoch(second + 1, 0.5)])
-                                                     + "\n").encode())
+            log = ("\n".join(flood + [epoch(second + 1, 0.5)]) + "\n").encode()
+            new = task.update(TaskStatus("running", size=0, offset=0, data=log))
             view.lines(task, new)
             clock.now += 0.5
             view.refresh()                                  # not due yet: nothing printed

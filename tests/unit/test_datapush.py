@@ -18,6 +18,7 @@ import hostpkg
 from counting import CountingTransport
 from test_payload_push import CountingAgent
 from deploy.host import check as hostcheck
+from deploy.host.protocol import Probe
 from deploy.inventory.datasource import DataSource, host_data_dir
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import InventoryError
@@ -211,10 +212,10 @@ def data_request(verb: str, rundir: Path, datadir: str) -> Request:
 
 def want(agent, tree: DataTree, rundir: Path, datadir: str | None = None) -> dict:
     """The data-push request: the stage unpacked into the run dir, and what the cache lacks
-    (the room left where it would go is checked, then left out)."""
+    (the room left where it would go is checked, then left out), as the push keeps it."""
     datadir = datadir or str(rundir.parents[1] / "data" / tree.sha256)
     answer = agent.agent.ask(data_request("data-push", rundir, datadir), "data-push",
-                             tree.stage()).wait(60)
+                             tree.stage()).wait(60).document()
     assert answer.pop("disk_free") > 0 and answer.pop("disk_path")
     assert answer.pop("filesystem")          # hosts that share it are sent the tree once
     return answer
@@ -222,7 +223,7 @@ def want(agent, tree: DataTree, rundir: Path, datadir: str | None = None) -> dic
 
 def receive(agent, rundir: Path, datadir: str, stream: bytes) -> dict:
     return agent.agent.ask(data_request("data-receive", rundir, datadir), "data-receive",
-                           files=[stream]).wait(60)
+                           files=[stream]).wait(60).document()
 
 
 def push(agent, data: DataPush, tree: DataTree, rundir: Path) -> tuple[dict, dict | None]:
@@ -340,7 +341,10 @@ def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, t
     assert hostcheck.data_problem(str(tmp_path / "lab.yaml")) == "is not a directory"
     assert hostcheck.data_problem(str(tmp_path)) is None
     check = HostCheck(c)
-    judge_probe(check, {"versions": {}, "data_problem": "does not exist"})
+    judge_probe(check, Probe.decode({
+        "python": "3", "executable": "python3", "versions": {}, "disk_path": "/",
+        "disk_free": 1 << 40, "writable": True, "ports": [], "ipv6": True,
+        "data_problem": "does not exist"}, "probe"))
     assert check.problems == ["c (10.0.0.3): field 'data': remote path ~/datasets/mnist does "
                               "not exist on the host"]
 

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shlex
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from deploy.host.layout import RUN_ID as RUN_ID_PATTERN
 from deploy.host.layout import host_run_id
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, plan_run
-from deploy.plan.setup import plan_setup
+from deploy.plan.setup import WORKDIR_CHECK, plan_setup
 from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"
@@ -122,7 +123,9 @@ def test_setup_plan_commands(inventory):
     assert plain.run_id == f"setup-{RUN_ID}-plain" and RUN_ID_PATTERN.match(plain.run_id)
     assert len({hp.run_dir for hp in plan.hosts}) == len(plan.hosts)
     assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}-plain"
-    assert plain.status.line.startswith(f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
+    # The workdir is checked first, by the host's python, before anything is written.
+    check = f"python3 -I -S -c {shlex.quote(WORKDIR_CHECK)} ~/.tfdeploy && "
+    assert plain.status.line.startswith(check + f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
     assert plain.status.line.endswith(f" envstatus {plain.run_dir}")
     assert plain.build.line.endswith(f" setup {plain.run_dir} plain wheelhouse")
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"

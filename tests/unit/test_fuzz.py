@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import tasks
 from deploy.errors import BadInput, Failure
+from deploy.host.protocol import Tasks
 from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.inventory.model import Host
 from deploy.plan.command import Request, split_args
@@ -294,4 +295,4 @@ def test_whatever_an_agent_sends_its_step_is_answered_or_fails_naming_the_host(d
     except Failure as exc:
         assert "h1" in str(exc)
     else:
-        assert isinstance(doc, dict)
+        assert isinstance(doc, Tasks)

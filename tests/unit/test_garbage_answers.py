@@ -58,4 +58,4 @@ def test_the_agent_still_serves_after_a_bad_request(tmp_path):
             agent.ask("explode")
         with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
             agent.ask("poll", str(tmp_path), "0:0")
-        assert len(agent.ask("ports", "2")["ports"]) == 2
+        assert len(agent.ask("ports", "2").ports) == 2

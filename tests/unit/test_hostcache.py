@@ -14,6 +14,7 @@ import pytest
 import hostpkg
 from deploy.host import cache as hostcache
 from deploy.host.stage import unpack_stage
+from deploy.host.protocol import Pushed
 from deploy.plan.command import Request
 from deploy.push.bundle import FileStream, manifest, manifest_document, stage_tar
 from deploy.ssh.agent import StepFailed
@@ -138,12 +139,12 @@ def test_the_agent_answers_push_and_receive_from_the_run_dir(tmp_path, payload):
     cache = str(tmp_path / "work" / "cache")
     with hostpkg.LocalAgent() as agent:
         want = agent.ask("push", rundir, cache, body=stage_tar("r1", files))
-        missing = want["missing"]
+        missing = want.missing
         assert json.loads((rundir / "manifest.json").read_text()) == manifest_document(files)
-        assert len(missing) == 3 and want["received"] == [] and not want.get("assembled")
+        assert len(missing) == 3 and want.received == () and not want.assembled
         got = agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
                               files=FileStream(payload, files, set(missing))).wait(30)
-        assert sorted(got["received"]) == sorted(missing) and got["files"] == 4
+        assert sorted(got.received) == sorted(missing) and got.files == 4
         assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 1\n"
         refused = agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
                                   files=[b"not a file stream\n"])
@@ -153,7 +154,7 @@ def test_the_agent_answers_push_and_receive_from_the_run_dir(tmp_path, payload):
         # That agent stopped reading (the rest of a bad stream is not requests); a new one
         # takes over, as Session.push has it.
         agent.agent.resync(refused)
-        assert agent.ask("push", rundir, cache, body=stage_tar("r1", files))["assembled"]
+        assert agent.ask("push", rundir, cache, body=stage_tar("r1", files)).assembled
 
 
 def test_files_riding_with_the_manifest_are_verified_cached_and_spare_a_round_trip(tmp_path,
@@ -215,17 +216,17 @@ def test_a_push_answer_says_how_much_room_the_cache_has(tmp_path, payload):
     cache = tmp_path / "work" / "cache"
     files = manifest(payload, "train.py")
 
-    def answer(agent, name: str) -> dict:
+    def answer(agent, name: str) -> Pushed:
         return agent.ask("push", tmp_path / "work" / "runs" / name, cache,
                          body=stage_tar(name, files))
     with hostpkg.LocalAgent() as agent:
         first = answer(agent, "r1")
-        assert first["missing"] and first["disk_path"] == str(tmp_path / "work")
-        assert close(first["disk_free"], statvfs_free(tmp_path))
+        assert first.missing and first.disk_path == str(tmp_path / "work")
+        assert close(first.disk_free, statvfs_free(tmp_path))
         push(tmp_path, payload, "r2")         # the cache holds everything now
         again = answer(agent, "r3")
-    assert again["assembled"] and again["disk_path"] == str(cache)
-    assert close(again["disk_free"], statvfs_free(cache))
+    assert again.assembled and again.disk_path == str(cache)
+    assert close(again.disk_free, statvfs_free(cache))
 
 
 def statvfs_free(path: Path) -> int:
@@ -251,11 +252,11 @@ def test_a_disk_that_fills_during_a_receipt_is_named_and_leaves_no_partial_file(
         cache = disk / "work" / "cache"
         with hostpkg.LocalAgent() as agent:
             answer = agent.ask("push", rundir, cache, "h3", "0", body=stage_tar("r1", files))
-            assert answer["disk_free"] < 1 << 20
+            assert answer.disk_free < 1 << 20
             # The files as a run sends them, on the same channel after the answer.
             with pytest.raises(StepFailed) as failed:
                 agent.agent.ask(Request("receive", (str(rundir), str(cache), "h3", "0")),
-                                "receive", files=FileStream(big, files, set(answer["missing"]))
+                                "receive", files=FileStream(big, files, set(answer.missing))
                                 ).wait(60)
         assert "payload receive: no space left on h3's disk in " + str(cache) \
             in str(failed.value)

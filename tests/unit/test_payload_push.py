@@ -97,7 +97,7 @@ def test_a_file_changed_while_it_is_pushed_leaves_no_payload(lab):
     # 15 s here; a run's teardown waits its grace and a minute).
     (hp,) = plan.hosts
     cleaned = session.agents["h"].ask(cleanup_request(hp.host, hp.run_dir, 1), "cleanup").wait(15)
-    assert cleaned["survivors"] == [] and not rundir.exists()
+    assert cleaned.survivors == () and not rundir.exists()
 
 
 def test_ssh_offers_aes_gcm_first_and_every_other_cipher_after_it():

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deploy.host.protocol import TaskStatus
 from deploy.state.progress import MAX_PARTIAL, TaskProgress, losses_agree, parse_event
 
 
@@ -16,9 +17,12 @@ def chunk(data: bytes, offset: int, size: int, **status) -> dict:
 
 
 def update(task: TaskProgress, answer: dict, **kw) -> tuple[bytes, list[str]]:
-    """One answer as the controller takes it in: (its log bytes, the lines they complete)."""
+    """One answer as the controller takes it in: (its log bytes, the lines they complete).
+    A host always says the state: the task's last one where `answer` does not."""
     data = base64.b64decode(answer["data"])
-    return data, task.update(answer, data, **kw).all()
+    fields = {k: v for k, v in answer.items() if k != "data"}
+    status = TaskStatus(**{"state": task.state, **fields, "data": data})
+    return data, task.update(status, **kw).all()
 
 
 def feed_in_pieces(log: bytes, cuts: list[int], final_state: str = "exited") -> tuple[TaskProgress, list[str]]:
@@ -221,7 +225,7 @@ def test_a_flood_stays_one_block_and_every_event_is_taken_in():
         lines.insert(n * 4000, epoch_line(n, 1.0 / n))
     log = ("\n".join(lines) + "\n").encode()
     task = TaskProgress(0, "h")
-    new = task.update({"state": "running", "offset": len(log), "size": len(log)}, log)
+    new = task.update(TaskStatus("running", offset=len(log), size=len(log), data=log))
     assert new.block == log and new.count == len(lines)
     assert new.events == [epoch_line(n, 1.0 / n) for n in range(1, 11)]
     assert task.losses == [1.0 / n for n in range(1, 11)] and task.epoch == 10

@@ -85,7 +85,7 @@ def test_an_unknown_verb_is_an_error_naming_it_and_the_agent_serves_on():
     with hostpkg.LocalAgent() as agent:
         with pytest.raises(StepFailed, match="h: explode failed: unknown request 'explode'"):
             agent.ask("explode", "x")
-        assert len(agent.ask("ports", "1")["ports"]) == 1
+        assert len(agent.ask("ports", "1").ports) == 1
 
 
 @pytest.mark.parametrize("verb, args, words", [
@@ -101,7 +101,7 @@ def test_a_request_with_bad_words_is_an_error_and_the_agent_serves_on(verb, args
     with hostpkg.LocalAgent() as agent:
         with pytest.raises(StepFailed, match=words):
             agent.ask(verb, *args, timeout=10)
-        assert len(agent.ask("ports", "1")["ports"]) == 1
+        assert len(agent.ask("ports", "1").ports) == 1
 
 
 def test_an_idle_agent_beats():
@@ -135,4 +135,4 @@ def test_a_lost_agent_fails_what_waits_and_what_is_asked_after(tmp_path):
             waiting.wait(30)
         with pytest.raises(StepFailed, match="h: the connection was lost"):
             agent.ask("ports", "1", timeout=5)
-    assert frames[0]["tasks"]["0"]["state"] == "pending"
+    assert frames[0].tasks["0"].state == "pending"

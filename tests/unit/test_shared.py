@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import hostile
 import hostpkg
 from deploy.host import cache as hostcache
 from deploy.host import prune as hostprune
@@ -187,7 +188,7 @@ def test_host_prune_is_asked_of_the_agent_and_refuses_an_unsafe_workdir(tmp_path
     keep = Keep().document()
     with hostpkg.LocalAgent(host) as agent:
         dry = agent.agent.ask(prune_request(host, 0, dry_run=True), "prune", keep).wait(30)
-        assert dry["files"]["count"] == 1 and (cache / "files" / files[0].sha256).exists()
+        assert dry.files.count == 1 and (cache / "files" / files[0].sha256).exists()
         work.chmod(0o777)
         with pytest.raises(StepFailed, match="prune failed: unsafe workdir"):
             agent.agent.ask(prune_request(host, 0, dry_run=False), "prune", keep).wait(30)
@@ -258,7 +259,7 @@ def push_at_once(agents, rundir: Path, cache: Path, stage: bytes) -> list[dict]:
     """The stage and `push` to every agent before any answer is awaited, as Session.push asks."""
     replies = [agent.agent.ask(Request("push", (str(rundir), str(cache), f"h{i + 1}", str(i))),
                                "push", stage) for i, agent in enumerate(agents)]
-    return [reply.wait(60) for reply in replies]
+    return [reply.wait(60).document() for reply in replies]
 
 
 def test_hosts_sharing_a_workdir_unpack_one_stage_with_its_riders_at_once(agents, tmp_path):
@@ -439,3 +440,27 @@ def test_data_is_sent_once_per_filesystem_and_tree():
     assert sharing(filesystem_groups(filesystems, trees.get)) == {"h2": "h1", "h4": "h3"}
     assert sharing(filesystem_groups(filesystems)) == {"h2": "h1", "h3": "h1", "h4": "h1"}
     assert sharing(filesystem_groups({"h1": None, "h2": None})) == {}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give files to nobody")
+def test_every_component_of_a_workdir_is_checked_links_included(tmp_path):
+    """lstat, component by component, and again where links lead: another user's link in a
+    sticky directory open to all (/tmp), or another user's directory on the way, or one that
+    group or others may write, lets that user point the tool's writes anywhere."""
+    nobody = pwd.getpwnam("nobody")
+    link, target = hostile.foreign_link(tmp_path)
+    problem = unsafe_workdir(str(link / "sub"))
+    assert problem.startswith(f"unsafe workdir {link}/sub: {link} is a symbolic link owned by "
+                              "nobody; ")
+    os.lchown(link, 0, 0)                 # the user's own link: where it leads is judged
+    assert unsafe_workdir(str(link)) is None
+    os.chown(target, nobody.pw_uid, nobody.pw_gid)
+    assert f"unsafe workdir {link}: owned by nobody, mode 0700" in unsafe_workdir(str(link))
+    theirs = tmp_path / "theirs"
+    (theirs / "mine").mkdir(parents=True)
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    assert f"in {theirs}, owned by nobody" in unsafe_workdir(str(theirs / "mine"))
+    group = tmp_path / "group"
+    (group / "mine").mkdir(parents=True)
+    group.chmod(0o770)
+    assert f"in {group}, owned by root, mode 0770" in unsafe_workdir(str(group / "mine" / "w"))
