@@ -180,10 +180,11 @@ class Beat(Answer):
 
 
 def error_of(doc, verb):
-    """The host's error message when the document is one ({"error": text}), else None."""
+    """The host's error message when the document is one ({"error": text}), else None. An
+    error without words is still an error: it must not read as a success."""
     if not isinstance(doc, dict) or "error" not in doc:
         return None
-    return Fields(doc, verb).text("error")
+    return Fields(doc, verb).text("error") or "an error without a message"
 
 
 @dataclass(frozen=True)
