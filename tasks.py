@@ -26,18 +26,18 @@ from deploy.plan.command import split_args
 from deploy.plan.lints import public_warnings, refuse_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
-from deploy.run.check import check_hosts
+from deploy.run.hostchecks import check_hosts
 from deploy.run.preflight import refuse_bad_input
 from deploy.run.launch import train as run_training
-from deploy.run.prune import prune as prune_hosts
+from deploy.run.pruning import prune as prune_hosts
 from deploy.run.reattach import down as stop_run
 from deploy.run.reattach import list_runs
 from deploy.run.reattach import logs as show_logs
 from deploy.run.reattach import plot as draw_plot
 from deploy.run.reattach import status as show_status
 from deploy.run.run import RunSettings
-from deploy.run.setup import requirements_hash
-from deploy.run.setup import setup as setup_envs
+from deploy.run.envsetup import requirements_hash
+from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
 from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id

@@ -26,9 +26,10 @@ from sshlab import SshLab  # noqa: E402
 
 from deploy.inventory.load import load_inventory  # noqa: E402
 from deploy.plan.command import Request  # noqa: E402
-from deploy.ssh.agent import HostAgent  # noqa: E402
-from deploy.ssh.session import Session, gather  # noqa: E402
-from deploy.ssh.transport import PRIVATE, LocalStream  # noqa: E402
+from deploy.cluster.hostagent import HostAgent  # noqa: E402
+from deploy.cluster.session import Session, gather  # noqa: E402
+from deploy.transport.base import PRIVATE  # noqa: E402
+from deploy.transport.local import LocalStream  # noqa: E402
 
 FIRST_OCTET = 110
 PORTS = Request("ports", ("2",))

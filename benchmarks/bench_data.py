@@ -33,7 +33,7 @@ from deploy.plan.planner import Options, plan_run  # noqa: E402
 from deploy.push.data import DataPush  # noqa: E402
 from deploy.push.payload import PayloadPush  # noqa: E402
 from deploy.state.record import new_run_id  # noqa: E402
-from deploy.ssh.session import Session  # noqa: E402
+from deploy.cluster.session import Session  # noqa: E402
 from sshlab import SshLab  # noqa: E402
 
 HOSTS = 2

@@ -2,7 +2,7 @@
 show how many commands a push costs a host."""
 from __future__ import annotations
 
-from deploy.ssh.transport import LocalTransport
+from deploy.transport.local import LocalTransport
 
 
 class CountingTransport(LocalTransport):

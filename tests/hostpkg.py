@@ -1,5 +1,5 @@
 """The host package as the tests run it: the same zip that travels, in a run directory; and a
-host's agent started locally exactly as the controller starts one (deploy/ssh/agent.py over
+host's agent started locally exactly as the controller starts one (deploy/cluster/hostagent.py over
 the local transport: real processes and pipes, no network)."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from deploy.host.layout import HOST_ZIP
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
-from deploy.ssh.agent import HostAgent
-from deploy.ssh.hostzip import host_zip
-from deploy.ssh.session import BodyFile
-from deploy.ssh.transport import LocalTransport
+from deploy.cluster.hostagent import HostAgent
+from deploy.cluster.hostzip import host_zip
+from deploy.cluster.session import BodyFile
+from deploy.transport.local import LocalTransport
 
 
 def place(rundir: Path) -> Path:

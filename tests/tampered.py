@@ -1,6 +1,6 @@
 """A compromised lab host: its `python:` is a wrapper that runs the real interpreter, but the
 run's agent (started as `python -I -S -c BOOT`, deploy/plan/planner.py agent_command) first
-runs `install()`, which patches deploy.host.serve as soon as the agent has loaded it from
+runs `install()`, which patches deploy.host.agent as soon as the agent has loaded it from
 memory. What it then does wrong is read from a mode file at each request, so a test changes
 it between commands:
 
@@ -60,7 +60,7 @@ class TamperedPython:
 
 
 def install(config_file: str) -> None:
-    """In the agent, before its boot: patch deploy.host.serve once it is loaded."""
+    """In the agent, before its boot: patch deploy.host.agent once it is loaded."""
     config = json.loads(Path(config_file).read_text())
 
     class Path_(list):
@@ -69,7 +69,7 @@ def install(config_file: str) -> None:
 
             def exec_module(module):
                 loaded(module)
-                if module.__name__ == "deploy.host.serve":
+                if module.__name__ == "deploy.host.agent":
                     tamper(module, config)
             finder.exec_module = exec_module
             list.insert(self, index, finder)
@@ -83,9 +83,9 @@ def modes(config) -> list[str]:
         return []
 
 
-def tamper(serve, config) -> None:
+def tamper(agent, config) -> None:
     import hostile
-    pack, statuses, follow = serve.archive.pack, serve.agent.statuses, serve.agent.follow
+    pack, statuses, follow = agent.archive.pack, agent.tasks.statuses, agent.tasks.follow
     followed = threading.Event()
 
     def hostile_pack(folder, limits=None):
@@ -123,7 +123,7 @@ def tamper(serve, config) -> None:
             if followed.is_set() and "beat" in modes(config):
                 send_big(channel, {"beat": time.time()})
             channel.send({"beat": time.time()})
-            time.sleep(serve.BEAT)
+            time.sleep(agent.BEAT)
 
     def send_big(channel, doc):
         """A frame announcing and sending 1 GiB, a piece at a time (this host holds none of
@@ -139,9 +139,9 @@ def tamper(serve, config) -> None:
             os._exit(0)
         return True
 
-    honest_respond = serve.respond
-    serve.archive.pack = hostile_pack
-    serve.agent.statuses = hostile_statuses
-    serve.agent.follow = watched_follow
-    serve.respond = respond
-    serve.beat = beat
+    honest_respond = agent.respond
+    agent.archive.pack = hostile_pack
+    agent.tasks.statuses = hostile_statuses
+    agent.tasks.follow = watched_follow
+    agent.respond = respond
+    agent.beat = beat

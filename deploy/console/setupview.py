@@ -6,8 +6,8 @@ from rich.table import Table
 from rich.text import Text
 
 from deploy.console.plain import plain
-from deploy.plan.setup import SetupPlan
-from deploy.state.setup import HostProgress
+from deploy.plan.envbuild import SetupPlan
+from deploy.state.envprogress import HostProgress
 
 VERSION_COLUMNS = ("python", "tensorflow", "tf_keras", "numpy")
 

@@ -1,173 +1,277 @@
-"""The tasks of a run on their host: start each one detached, supervise it, and report
-states and new log bytes to the controller (one answer, or a live stream).
+"""The agent: one Python process per host per run, started once on the run's one channel (an
+SSH session, or a pipe for `transport: local`), that takes every later step as a request.
 
-A task runs in a session and process group of its own under a supervisor (this package
-again, `supervise`), which records its exit code: a dropped SSH connection ends nothing, and
-teardown (teardown.py) finds every process by its group and the run id in its environment.
+Requests come on stdin as frames (frames.py): {"id", "verb", "args", "home", "env"} and a body.
+`home` lists the args that are paths on this host (a leading ~ is this host's home). Each is
+answered by frames carrying its "id": the verb's document, or {"error": ...}; a follow answers
+with a frame per change and then {"end": true}. Every BEAT seconds the agent also sends
+{"beat": ...}, whatever else it is doing, so the controller can tell a host that stopped
+answering from one with nothing to say.
+
+Requests run in threads of their own, so that a stop is never queued behind a slow step; only
+`receive` runs in the reading thread, because its files follow it on the same stdin. When
+stdin ends (the controller is gone) the agent ends; the tasks it started run in sessions of
+their own and go on.
 """
+import io
+import json
 import os
-import signal
+import queue
+import shutil
 import subprocess
 import sys
 import threading
 import time
 
-from deploy.host.envkey import env_python
-from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
-from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
-from deploy.host.rundir import read_json, run_id_of, write_json_atomic
-from deploy.host.teardown import group_exists, group_members
+from deploy.host import archive, cache, datatree, envkey, probe, prune, tasks, teardown
+from deploy.host.frames import FrameError, read_frame, write_frame
+from deploy.host.layout import BACKUP, in_run
+from deploy.host.main import parse_offsets, task_arg
+from deploy.host.rundir import run_id_of
+from deploy.host.stage import StageError, unpack_stage
 
-# Variables whose values are paths on this host; a leading ~/ means this host's home.
-PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
-
-
-def set_aside(rundir, task, attempt):
-    """A relaunch keeps the previous attempt's pid and exit files under another name, so
-    that its state is not mistaken for the new attempt's (and nothing is lost)."""
-    for kind in ("pid", "exit"):
-        path = task_file(rundir, task, kind)
-        if os.path.exists(path):
-            os.replace(path, "%s.%d" % (path, attempt - 1))
-
-
-def ends_with_newline(path):
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+BEAT = 1.0
+# Follow frames sent ahead of the controller's credits: a controller that falls behind stops
+# the follow here, and the logs wait on this host's disk, not in the controller's memory.
+WINDOW = 4
+# How much lower a follow runs than the tasks (yield_to_tasks).
+FOLLOW_NICENESS = 10
+# Errors a verb reports as its answer; anything else is a bug, reported with its type.
+EXPECTED = (OSError, ValueError, KeyError, SystemExit, cache.CacheError, StageError,
+            subprocess.SubprocessError, archive.Refused)
 
 
-def launch(rundir, task, cwd, argv, requirements, variables):
-    """Start the task detached with the environment `variables` on top of this one's.
-    `requirements`: the sha256 of the payload's requirements.txt (or None); the python of its
-    `inv setup` environment for this host replaces ARGV[0] where that environment exists."""
-    # The data directory is the user's (remote) or placed by the data push: made empty here,
-    # a mistyped path would train on nothing without a word.
-    data = variables.get("TFDEPLOY_DATA_DIR")
-    if data is not None and not os.path.isdir(os.path.expanduser(data)):
-        raise SystemExit("TFDEPLOY_DATA_DIR %s is not a directory on this host (field 'data' "
-                         "of the inventory)" % data)
-    attempt = int(variables.get("TFDEPLOY_ATTEMPT", "1"))
-    set_aside(rundir, task, attempt)
-    if requirements:
-        prefer = env_python(workdir_of(os.path.expanduser(rundir)), requirements)
-        if os.path.isfile(prefer):
-            argv = [prefer] + argv[1:]
-    env = dict(os.environ)
-    for key, value in variables.items():
-        if key in PATH_VARS:
-            value = os.path.expanduser(value)
-        env[key] = value
-    for key in ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR"):
-        if key in env:
-            os.makedirs(env[key], exist_ok=True)
-    log = open(task_file(rundir, task, "log"), "ab")
-    if attempt > 1:
-        # One log per task across attempts; this line marks where a relaunch begins, on a
-        # line of its own even if the failed attempt died mid-line.
-        if log.tell() and not ends_with_newline(log.name):
-            log.write(b"\n")
-        log.write(("==== tfdeploy: attempt %d of task %s starts at %s ====\n" % (
-            attempt, task, time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
-        log.flush()
-    proc = subprocess.Popen(
-        # -S: the supervisor needs the standard library only (site is most of a start-up).
-        [sys.executable, "-I", "-S", in_run(rundir, HOST_ZIP), "supervise", rundir, task,
-         "--"] + argv,
-        cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, close_fds=True)
-    log.close()
-    # The agent that started it lives as long as the run: it must reap the supervisor, whose
-    # zombie would otherwise keep the task's process group alive to every check.
-    threading.Thread(target=proc.wait, daemon=True).start()
-    info = {"pid": proc.pid, "pgid": proc.pid, "started": time.time()}
-    write_json_atomic(task_file(rundir, task, "pid"), info)
-    return info
+class Channel:
+    """The agent's stdout: one frame at a time, whichever thread writes. A controller that is
+    gone ends the agent."""
 
+    def __init__(self, out):
+        self.out, self.lock = out, threading.Lock()
 
-def supervise(rundir, task, argv):
-    # Stay alive through TERM/INT so the exit code gets recorded; a handler (not SIG_IGN) is
-    # used because ignored signals would be inherited by the training process across exec.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)
-    try:
-        code = subprocess.call(argv)
-    except OSError as exc:
-        print("tfdeploy: cannot start %s: %s" % (argv[0], exc), flush=True)
-        code = 127
-    if code < 0:
-        code = 128 - code
-    write_json_atomic(task_file(rundir, task, "exit"), {"code": code, "ended": time.time()})
-    return {}
-
-
-def statuses(rundir, offsets, thorough=True):
-    """State and new log bytes (at most LOG_CHUNK) of each task in `offsets` (task -> bytes
-    already read): task -> (status, bytes).
-
-    `thorough` checks liveness against the run id in /proc, for one-off answers; the
-    follower's frequent loop uses the cheap process-group check instead."""
-    if thorough:
-        run_id = run_id_of(rundir)
-        alive = lambda pgid: bool(group_members(pgid, run_id))  # noqa: E731
-    else:
-        alive = group_exists
-    tasks = {}
-    for task, offset in offsets.items():
-        info = read_json(task_file(rundir, task, "pid"))
-        status = {"state": "pending"}
-        if info:
-            # Liveness first, then the exit file: the supervisor writes it before it exits.
-            running = alive(info["pgid"])
-            ended = read_json(task_file(rundir, task, "exit"))
-            status = {"pid": info["pid"], "started": info["started"]}
-            if ended:
-                status.update(state="exited", code=ended["code"], ended=ended["ended"])
-            else:
-                status["state"] = "running" if running else "lost"
-        log = task_file(rundir, task, "log")
-        data = b""
+    def send(self, doc, chunks=None, body=b""):
         try:
-            size = os.path.getsize(log)
-            if size > offset:
-                with open(log, "rb") as f:
-                    f.seek(offset)
-                    data = f.read(LOG_CHUNK)
-        except OSError:
-            size = 0
-        status.update(size=size, offset=offset + len(data))
-        tasks[task] = (status, data)
-    return tasks
+            with self.lock:
+                write_frame(self.out, doc, chunks, body)
+        except (OSError, ValueError):
+            os._exit(0)
 
 
-def follow(rundir, offsets, send, interval=0.1):
-    """Call send(doc, chunks) with every change as it happens, log bytes as they are
-    (frames.py), until every task has ended and its log is read. It runs inside the host's
-    agent (serve.py), which is already running: a stop asked meanwhile acts at once, where a
-    new command would first wait for a Python to start on a host whose cores are busy
-    training (seconds)."""
-    run_id_of(rundir)  # refuse a directory that is not a run's, once
-    offsets = dict(offsets)
-    last = {}
+def beat(channel):
     while True:
-        tasks = statuses(rundir, offsets, thorough=False)
-        changed, chunks = {}, {}
-        for task, (status, data) in tasks.items():
-            offsets[task] = status["offset"]
-            key = (status["state"], status.get("code"), status["size"], status["offset"])
-            if data or last.get(task) != key:
-                changed[task] = status
-                if data:
-                    chunks[task] = data
-            last[task] = key
-        if changed:
-            send({"tasks": changed}, chunks)
-        if all(s["state"] in FINAL_STATES and s["offset"] >= s["size"]
-               for s, _ in tasks.values()):
-            return
-        # Behind on a task that still runs, it waits all the same: a flood of logs is read
-        # at most a chunk per task per interval while the tasks write it (their cores are
-        # theirs), and at full speed once they have ended.
-        behind = [s for s, _ in tasks.values() if s["offset"] < s["size"]]
-        if not behind or any(s["state"] == "running" for s in behind):
-            time.sleep(interval)
+        channel.send({"beat": time.time()})
+        time.sleep(BEAT)
+
+
+class Mesh:
+    """The mesh probe of `inv check`, driven in phases by requests: listen (starts it), dial,
+    close. Each phase's request is answered by what the probe says next."""
+
+    def __init__(self, channel):
+        self.channel, self.lines, self.asking = channel, queue.Queue(), None
+
+    def say(self, doc):
+        self.channel.send(dict(doc, id=self.asking))
+
+    def listen(self, request, spec):
+        self.asking = request
+        done = probe.mesh(spec, self.lines, self.say)
+        self.channel.send(dict(done, id=self.asking))
+
+    def next(self, request, phase):
+        self.asking = request
+        self.lines.put(phase)
+
+
+def yield_to_tasks():
+    """Run this thread (a follow, which can read and send logs as fast as the tasks write them)
+    at a lower priority than the tasks: on a host whose cores are all training, shipping a
+    flood of logs must not slow the training down. Linux gives each thread its own nice value;
+    the tasks, started by other threads, keep theirs."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), FOLLOW_NICENESS)
+        except OSError:
+            pass
+
+
+def expanded(request):
+    """The request's words, its paths (HostPath, plan/command.py) with a leading `~` or `~/`
+    as this host's home, as a shell expands them; `~user/` stays as it is, as quoted."""
+    args = [str(a) for a in request.get("args", [])]
+    for i in request.get("home", []):
+        if args[i] == "~" or args[i].startswith("~/"):
+            args[i] = os.path.expanduser(args[i])
+    return args
+
+
+def probe_host(args, body):
+    """The probe, by this host's `inv setup` environment's interpreter where one was built for
+    the requirements named (what the tasks will run: its package versions count), else by
+    this one."""
+    workdir, count, data_dir, requirements = args
+    data_dir = data_dir or None
+    env_python = envkey.env_python(workdir, requirements) if requirements else None
+    if env_python and os.access(env_python, os.X_OK):
+        done = subprocess.run([env_python, "-I", "-", "probe", workdir, count] +
+                              ([data_dir] if data_dir else []), input=body,
+                              capture_output=True, timeout=120)
+        if done.returncode:
+            raise ValueError("%s: %s" % (env_python, done.stderr.decode("utf-8", "replace")
+                                         .strip().splitlines()[-1:] or done.returncode))
+        return json.loads(done.stdout)
+    return probe.probe(workdir, int(count), data_dir)
+
+
+def stage(verb, args, body):
+    """A push's stage: unpack it, then answer what the cache lacks (`push`: the payload,
+    `data-push`: a data directory) and the room left where the files would go: the
+    controller sends nothing to a host without room for what it lacks."""
+    rundir = args[0]
+    riders = unpack_stage(rundir, body)
+    if verb == "push":
+        cache_dir = args[1]
+        answer = pushing("payload", verb, cache_dir, args[2:3],
+                         lambda: cache.want(rundir, cache_dir, args[2:4] or None, riders))
+    else:
+        cache_dir = args[2]
+        answer = pushing("data", verb, cache_dir, (),
+                         lambda: datatree.want(rundir, args[1], cache_dir))
+    return dict(answer, **cache.room(cache_dir))
+
+
+def receive(verb, args, stream):
+    if verb == "receive":
+        return pushing("payload", verb, args[1], args[2:3],
+                       lambda: cache.receive(args[0], args[1], stream))
+    return pushing("data", verb, args[2], (),
+                   lambda: datatree.receive(args[0], args[1], args[2], stream))
+
+
+def pushing(what, verb, cache_dir, host, work):
+    """`work`'s answer; a failure in words a user acts on (a full disk names where)."""
+    try:
+        return work()
+    except (cache.CacheError, OSError, ValueError, KeyError) as exc:
+        raise StageError(cache.failure(what, verb, exc, cache_dir, *host)) from None
+
+
+def replace_backup(rundir, limits, body):
+    """Replace the run's backup/ with the tar.gz `body` (another host's: unpacked as
+    archive.py unpacks, nothing outside backup/); only <rundir>/backup is deleted, inside a
+    directory that is provably a run's. Answers what was unpacked and what was skipped."""
+    run_id_of(rundir)
+    backup = in_run(rundir, BACKUP)
+    shutil.rmtree(backup, ignore_errors=True)
+    done = archive.unpack(io.BytesIO(body), backup, limits)
+    return {"files": done.files, "skipped": done.skipped, "skipped_count": done.skipped_count}
+
+
+def ending(verb, args):
+    """Stop (or clean up) the run here. A host that never got the run (its push failed), or
+    whose teardown is done already, has nothing to end, and says so."""
+    rundir = args[0]
+    if not os.path.isdir(rundir):
+        return {"signalled": {}, "survivors": [], "absent": True}
+    if verb == "stop":
+        return teardown.stop(rundir, float(args[1]))
+    return teardown.cleanup(rundir, float(args[1]), *args[2:3])
+
+
+def answer(request, args, channel, mesh, follows):
+    verb, body = request.get("verb"), request.get("body", b"")
+    if verb == "probe":
+        return probe_host(args, body)
+    if verb == "ports":
+        return {"ports": probe.free_ports(int(args[0]))}
+    if verb == "mesh-listen":
+        return mesh.listen(request["id"], json.loads(args[0]))
+    if verb in ("mesh-dial", "mesh-close"):
+        return mesh.next(request["id"], verb[len("mesh-"):])
+    if verb in ("push", "data-push"):
+        return stage(verb, args, body)
+    if verb == "launch":
+        env = dict(request.get("env", {}))
+        rundir, task, cwd = args[0], task_arg(args[1]), args[2]
+        tail = args[args.index("--") + 1:]
+        head = args[:args.index("--")]
+        return tasks.launch(rundir, task, cwd, tail, head[3] if len(head) > 3 else None, env)
+    if verb == "poll":
+        known = tasks.statuses(args[0], parse_offsets(args[1:]))
+        return {"tasks": {task: status for task, (status, _) in known.items()},
+                "chunks": {task: data for task, (_, data) in known.items() if data}}
+    if verb == "follow":
+        yield_to_tasks()
+        credits = follows[request["id"]] = threading.Semaphore(WINDOW)
+
+        def send(doc, chunks):
+            credits.acquire()
+            doc["id"] = request["id"]
+            channel.send(doc, chunks)
+        try:
+            tasks.follow(args[0], parse_offsets(args[1:]), send)
+        finally:
+            follows.pop(request["id"], None)
+        return {"end": True}
+    if verb == "credit":
+        # Sent for a frame the follow sent, so after it started; it may have ended since.
+        credits = follows.get(int(args[0]))
+        if credits is not None:
+            credits.release()
+        return None
+    if verb in ("stop", "cleanup"):
+        return ending(verb, args)
+    if verb == "tar-out":
+        return {"body": archive.pack(args[0], archive.Limits.of_words(args[1:3]))}
+    if verb == "replace-backup":
+        return replace_backup(args[0], archive.Limits.of_words(args[1:3]), body)
+    if verb == "prune":
+        return prune.prune(args[0], args[1], json.loads(body), float(args[2]),
+                           dry=args[3] == "dry")
+    raise ValueError("unknown request %r" % verb)
+
+
+def respond(request, channel, work):
+    """Run `work` and send its answer (or the error) under the request's id; the answer's
+    "body" and "chunks" (task -> log bytes) travel as bytes (frames.py). None: the verb
+    answers by itself (the mesh phases) or not at all (a credit). False when it failed."""
+    try:
+        doc = work()
+    except EXPECTED as exc:
+        text = str(exc) if not isinstance(exc, OSError) or not exc.filename else \
+            "%s: %s" % (exc.strerror, exc.filename)
+        doc = {"error": text or type(exc).__name__}
+    except Exception as exc:  # a bug here: the controller reports it as such
+        doc = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    if doc is None:
+        return True
+    body, chunks = doc.pop("body", b""), doc.pop("chunks", None)
+    channel.send(dict(doc, id=request["id"]), chunks, body)
+    return "error" not in doc
+
+
+def serve(stdin, stdout):
+    # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
+    os.umask(0o077)
+    channel = Channel(stdout)
+    threading.Thread(target=beat, args=(channel,), daemon=True).start()
+    mesh = Mesh(channel)
+    follows = {}      # a running follow's id -> its credits
+    while True:
+        try:
+            request = read_frame(stdin)
+        except (FrameError, OSError):
+            break
+        if request is None:
+            break
+        args = expanded(request)
+        if request.get("verb") in ("receive", "data-receive"):
+            # Its files follow on stdin: read here, before the next request. When they fail,
+            # the rest of them would be read as requests: the agent stops reading instead
+            # (the controller starts another for what follows).
+            if not respond(request, channel, lambda: receive(request["verb"], args, stdin)):
+                break
+            continue
+        threading.Thread(target=respond, daemon=True, args=(
+            request, channel, lambda r=request, a=args: answer(r, a, channel, mesh, follows))).start()
+    sys.stdout.flush()
+    os._exit(0)

@@ -3,7 +3,7 @@
 The controller starts `python -I -c BOOT` (deploy/plan/planner.py agent_command), and BOOT
 executes what comes first on stdin: this file, headed by its length. Then comes the package
 itself, tfdeploy-host.zip headed by its length, imported from memory; nothing is written on
-the host before the checks have said that it may be. Then the requests (serve.py).
+the host before the checks have said that it may be. Then the requests (agent.py).
 """
 import io
 import sys
@@ -53,5 +53,5 @@ def load(stream):
 
 if __name__ == "__main__":
     load(sys.stdin.buffer)
-    from deploy.host.serve import serve
+    from deploy.host.agent import serve
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -11,8 +11,8 @@ libcs under one `python3`: each finds its own environment and wheels, never anot
 the host can tell these facts, so the controller names an environment by its requirements
 alone and each host resolves the rest (launch, `inv setup`, the probe of `inv check`).
 
-The host's agent (serve.py) resolves the environment from the requirements' sha256 for the
-launch and for the probe of `inv check`; `inv setup`'s verbs (env.py) for its build.
+The host's agent (agent.py) resolves the environment from the requirements' sha256 for the
+launch and for the probe of `inv check`; `inv setup`'s verbs (venv.py) for its build.
 """
 import hashlib
 import importlib.machinery

@@ -1,4 +1,4 @@
-"""The framing of the channel between the controller and a host's agent (serve.py), both ways:
+"""The framing of the channel between the controller and a host's agent (agent.py), both ways:
 a JSON header line, then the raw bytes it announces.
 
 Bytes travel as they are, never as base64 inside JSON: a flood of log lines then costs the host

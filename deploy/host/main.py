@@ -1,5 +1,5 @@
 """The verbs of the host package as a program of its own: `python -I tfdeploy-host.zip VERB
-RUNDIR ARGS...`, for what runs apart from the run's agent (serve.py, which takes every step of
+RUNDIR ARGS...`, for what runs apart from the run's agent (agent.py, which takes every step of
 a run as a request): the supervisor of each task, and the steps of `inv setup`.
 
 Each verb prints one JSON document on stdout (setup: a stream of JSON lines).
@@ -8,14 +8,14 @@ Each verb prints one JSON document on stdout (setup: a stream of JSON lines).
                                         sharing it (the same workdir) uses it
     envstatus RUNDIR                    whether inv setup's environment for the run
                                         directory's requirements.txt is ready on this host
-    setup RUNDIR HOST [wheelhouse]      build it, once for hosts sharing the workdir (env.py,
+    setup RUNDIR HOST [wheelhouse]      build it, once for hosts sharing the workdir (venv.py,
                                         envkey.py)
 """
 import json
 import os
 import sys
 
-from deploy.host import agent, env, teardown
+from deploy.host import tasks, teardown, venv
 from deploy.host.layout import task_key_of, task_name
 
 
@@ -38,12 +38,12 @@ def main(argv):
     verb, args = argv[0], argv[1:]
     rest = args[args.index("--") + 1:] if "--" in args else []
     if verb == "supervise":
-        agent.supervise(args[0], task_arg(args[1]), rest)
+        tasks.supervise(args[0], task_arg(args[1]), rest)
         out = None
     elif verb == "cleanup":
         out = teardown.cleanup(args[0], float(args[1]), *args[2:3])
     elif verb in ("envstatus", "setup"):
-        out = env.main(verb, args)
+        out = venv.main(verb, args)
     else:
         raise SystemExit("unknown verb %r" % verb)
     if out is not None:

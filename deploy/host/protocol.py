@@ -1,7 +1,7 @@
-"""The agent's answers (deploy/host/serve.py) as typed values.
+"""The agent's answers (deploy/host/agent.py) as typed values.
 
 A host is untrusted input: a broken or compromised one can answer anything. Every answer is
-decoded where it arrives (deploy/ssh/agent.py) by the answer type of the verb it answers
+decoded where it arrives (deploy/cluster/hostagent.py) by the answer type of the verb it answers
 (ANSWERS), field by field: task states from their enum, pids, codes, offsets and sizes
 integers (never booleans), times finite numbers, text where text is expected. What does not
 fit is a ProtocolError naming the verb and the field, and the value shown escaped (repr), never
@@ -14,11 +14,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Optional, Tuple
 
-# A task's state as its host reports it (deploy/host/agent.py statuses).
+# A task's state as its host reports it (deploy/host/tasks.py statuses).
 STATES = ("pending", "running", "exited", "lost")
 FINAL_STATES = ("exited", "lost")
 # A task's log is read in chunks of at most this (agent.py), what one frame may carry per
-# task: with the few frames a follow may send ahead (serve.py WINDOW), what a flood of logs
+# task: with the few frames a follow may send ahead (agent.py WINDOW), what a flood of logs
 # holds in the controller's memory at once.
 LOG_CHUNK = 1 << 18
 # Characters of a value quoted in an error: enough to recognise it.
@@ -285,7 +285,7 @@ class Ports(Answer):
 
 @dataclass(frozen=True)
 class Probe(Answer):
-    """What `inv check` learns of a host (deploy/host/check.py probe)."""
+    """What `inv check` learns of a host (deploy/host/probe.py probe)."""
     python: str
     executable: str
     versions: Mapping[str, Optional[str]]
@@ -482,7 +482,7 @@ class SetupEvent(Answer):
                    versions=_versions(fields, required=False))
 
 
-# The answer type of each verb of the agent (deploy/host/serve.py answer()).
+# The answer type of each verb of the agent (deploy/host/agent.py answer()).
 ANSWERS = {
     "probe": Probe, "ports": Ports,
     "mesh-listen": MeshListening, "mesh-dial": MeshDialed, "mesh-close": MeshResult,

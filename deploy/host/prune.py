@@ -27,7 +27,7 @@ import stat
 import time
 
 from deploy.host.cache import HEX64, pruning_lock
-from deploy.host.check import unsafe_workdir
+from deploy.host.probe import unsafe_workdir
 from deploy.host.envkey import ENV_NAME, built_from
 from deploy.host.layout import (
     BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUN_ID, RUNS, task_file, task_keys

@@ -1,6 +1,6 @@
 """Workdirs shared between hosts (an NFS home mounted on every machine): which hosts share a
 filesystem, and which hosts use a run directory. (Whether a workdir is safe to write to:
-check.py, unsafe_workdir.)
+probe.py, unsafe_workdir.)
 
 Sharing is detected, not guessed from names: the first host to reach a workdir writes
 filesystem.json with a random id and the workdir's inode, and every host that reads the same

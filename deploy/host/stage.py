@@ -14,7 +14,7 @@ import shutil
 import tarfile
 
 from deploy.host.cache import HEX64
-from deploy.host.check import unsafe_workdir
+from deploy.host.probe import unsafe_workdir
 from deploy.host.layout import INLINE
 from deploy.host.rundir import write_atomic
 

@@ -1,5 +1,5 @@
 """What `inv check` asks each host and how it judges the answers. Pure: no network, no clock;
-deploy/run/check.py runs it. Every problem is a sentence that names the host and what to do.
+deploy/run/hostchecks.py runs it. Every problem is a sentence that names the host and what to do.
 """
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import deploy.host.check
+import deploy.host.probe
 from deploy.host.archive import size
 from deploy.host.protocol import Connect, MeshResult, Probe
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
 
-HOSTCHECK_SOURCE = Path(deploy.host.check.__file__)
+HOSTCHECK_SOURCE = Path(deploy.host.probe.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to
 # fail half-way, after the cluster has started.
 MIN_DISK_FREE = 512 * 1024 ** 2
@@ -74,12 +74,12 @@ def probe_request(host: Host, env_requirements: str | None = None) -> Request:
     """The probe, asked of the host's agent. With `env_requirements` (the environment of `inv
     setup` for that requirements.txt), that environment's python answers where it exists on
     the host (its name is the host's to compute, deploy/host/envkey.py), since it is what the
-    tasks will run; it reads deploy/host/check.py, which comes with the request."""
+    tasks will run; it reads deploy/host/probe.py, which comes with the request."""
     data = HostPath(host.data.path) if host.data is not None and host.data.kind == "remote" \
         else ""                                  # tasks will read it: can they?
     return Request("probe", (HostPath(host.workdir), str(ports_to_probe(host)), data,
                              env_requirements or ""),
-                   body="deploy/host/check.py, for the environment's python"
+                   body="deploy/host/probe.py, for the environment's python"
                    if env_requirements else "")
 
 

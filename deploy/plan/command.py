@@ -61,7 +61,7 @@ class Command:
 
 @dataclass(frozen=True)
 class Request:
-    """One step for a host's agent (deploy/host/serve.py), which runs for the whole run and
+    """One step for a host's agent (deploy/host/agent.py), which runs for the whole run and
     takes requests on its channel: a verb, its words (a HostPath word is expanded against the
     host's home there, every other word is a literal value), the environment its program gets
     (never shown: values travel only in the request) and what comes with it."""

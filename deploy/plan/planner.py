@@ -18,9 +18,9 @@ from deploy.plan.command import Command, HostPath, Request
 from deploy.plan.ports import ports_to_probe
 
 # The agent's python runs what comes first on its stdin (deploy/host/boot.py, headed by its
-# length), which loads the host package from memory and serves requests (deploy/host/serve.py).
+# length), which loads the host package from memory and serves requests (deploy/host/agent.py).
 # `python -` would read stdin to its end before running anything. `-S`: the agent needs the
-# standard library only, and a Python's site start-up is most of its start (check.py finds
+# standard library only, and a Python's site start-up is most of its start (probe.py finds
 # the tasks' packages without it).
 AGENT_BOOT = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 

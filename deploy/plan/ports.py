@@ -1,6 +1,6 @@
 """The one port chooser: which port each task listens on.
 
-Hosts only report ports that are free there (deploy/host/check.py, in the check's probe or
+Hosts only report ports that are free there (deploy/host/probe.py, in the check's probe or
 in the launch's own port probe); the choice is made here, the same way for both. Ports are
 distinct across the whole cluster: TensorFlow binds every interface, so two hosts that are
 one machine (a loopback lab, two entries for one server) must not share one.

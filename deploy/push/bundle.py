@@ -22,7 +22,7 @@ from deploy.host.cache import END, MAGIC
 from deploy.host.layout import HOST_ZIP, INLINE, MANIFEST, RUN_FILE
 from deploy.push.hashcache import HashCache
 from deploy.push.ignore import IGNORE_FILE, IgnoreRules
-from deploy.ssh.hostzip import host_zip
+from deploy.cluster.hostzip import host_zip
 
 
 class BundleError(BadInput):

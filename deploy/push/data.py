@@ -1,7 +1,7 @@
 """The `data: {local: DIR}` push as the controller runs it: hash each data directory here
 (remembered hashes: unchanged large files are not read again), name it by the hash of its
 manifest, and give each host that lacks that tree exactly the contents its cache lacks. The
-host keeps the assembled tree in <workdir>/data/<tree sha256> (deploy/host/data.py), so a run
+host keeps the assembled tree in <workdir>/data/<tree sha256> (deploy/host/datatree.py), so a run
 with the same data finds it there and nothing travels or is copied.
 
 Everything local (missing files, symlinks out of a data directory) is checked before any
@@ -29,7 +29,7 @@ from deploy.push.bundle import (
 )
 from deploy.push.hashcache import HashCache
 from deploy.push.payload import refuse_without_room, size_text
-from deploy.ssh.session import Session
+from deploy.cluster.session import Session
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from deploy.plan.checks import room_problem
 from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
 from deploy.push.hashcache import HashCache
-from deploy.ssh.session import Session
+from deploy.cluster.session import Session
 
 # Recently changed content sent along with the manifest, at most this much per push.
 INLINE_BYTES = 1 << 20

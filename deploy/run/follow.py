@@ -3,7 +3,7 @@
 Each host's agent follows its tasks and sends changes as they happen, log bytes as frames
 (deploy/host/frames.py); the controller's main thread only reads the queue, so Ctrl-C reaches
 it at once and no thread touches task state. The agent sends at most a few frames ahead of
-what the main thread has taken (credits, deploy/host/serve.py): a controller that falls
+what the main thread has taken (credits, deploy/host/agent.py): a controller that falls
 behind stops the hosts' follows, and the logs wait on the hosts' disks, not in the
 controller's memory; the agents' readers never wait, so other answers (a stop) still come.
 """
@@ -17,7 +17,7 @@ from deploy.host.protocol import Stopped, Tasks
 from deploy.plan.planner import (
     HostPlan, RunPlan, credit_request, follow_request, host_offsets, stop_request
 )
-from deploy.ssh.agent import HostAgent, Reply
+from deploy.cluster.hostagent import HostAgent, Reply
 
 RESTARTS = 3
 

@@ -21,7 +21,7 @@ from deploy.plan.ports import task_ports
 from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
-from deploy.run.check import check_before_run
+from deploy.run.hostchecks import check_before_run
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
 from deploy.run.lostport import NewPorts
 from deploy.run.preflight import refuse_bad_input
@@ -29,7 +29,7 @@ from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings
 from deploy.run.signals import Abandoned, HungUp
 from deploy.run.watch import follow_to_end
-from deploy.ssh.session import Session
+from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record

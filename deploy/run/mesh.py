@@ -4,15 +4,15 @@ peer's ports, a bounded number at a time), close. No host dials before every hos
 however long starting the agents over SSH takes with many hosts; each phase costs one round
 trip per host, all hosts in parallel, so the probe's cost grows with the number of hosts, not
 with its square. Each host's probe ends by its own deadline whatever the controller does
-(deploy/host/check.py mesh).
+(deploy/host/probe.py mesh).
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from deploy.plan.checks import MESH_DEADLINE, HostCheck, mesh_requests
-from deploy.ssh.agent import HostAgent
-from deploy.ssh.session import gather
+from deploy.cluster.hostagent import HostAgent
+from deploy.cluster.session import gather
 
 # The controller waits for a phase's answer this long beyond the hosts' own deadline.
 SLACK = 10.0

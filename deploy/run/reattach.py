@@ -19,7 +19,7 @@ from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
 from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import HungUp, exit_code
 from deploy.run.watch import follow_to_end
-from deploy.ssh.session import Session
+from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.record import (
     RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records, load_record

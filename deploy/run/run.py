@@ -15,7 +15,7 @@ from deploy.console.view import LiveView, print_lines
 from deploy.host.archive import Limits
 from deploy.host.protocol import TaskStatus
 from deploy.plan.planner import RunPlan
-from deploy.ssh.session import Session, StepFailed
+from deploy.cluster.session import Session, StepFailed
 from deploy.state import localdir
 from deploy.state.progress import NewLines, TaskProgress
 from deploy.state.record import RunState, update_record
@@ -36,7 +36,7 @@ class RunSettings:
     lost_after: float = 10.0
     restarts: int = 0
     detach: bool = False
-    # Probe every host and the TCP mesh before anything is written anywhere (run/check.py).
+    # Probe every host and the TCP mesh before anything is written anywhere (run/hostchecks.py).
     check: bool = True
     # Show every log line as written, TensorFlow's C++ log and event lines too (lines.py).
     verbose: bool = False

@@ -13,7 +13,7 @@ from deploy.run.follow import Event, Followers
 from deploy.run.run import Run, RunSettings
 from deploy.run.signals import tearing_down
 from deploy.run.stopping import Stopper
-from deploy.ssh.session import StepFailed
+from deploy.cluster.session import StepFailed
 from deploy.state import lifetime
 from deploy.state.progress import TaskProgress
 

@@ -20,7 +20,7 @@ from deploy.inventory.load import load_inventory, workdir_problem
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import Options, plan_run
 from deploy.push.payload import PayloadPush
-from deploy.ssh.session import Session
+from deploy.cluster.session import Session
 from deploy.state.record import new_run_id
 
 pytestmark = pytest.mark.integration

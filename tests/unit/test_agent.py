@@ -1,4 +1,4 @@
-"""The host's agent (deploy/host/serve.py), started locally exactly as the controller starts
+"""The host's agent (deploy/host/agent.py), started locally exactly as the controller starts
 one (tests/hostpkg.py LocalAgent): launch, poll, follow, stop, cleanup as requests; and one
 planned launch end to end through the local transport (no SSH, no network).
 
@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 import hostpkg
-from deploy.host import env as hostenv
+from deploy.host import venv as hostenv
 from deploy.host import envkey
 from deploy.host.archive import Limits
 from deploy.host.protocol import Stopped, Tasks, TaskStatus, Unpacked
-from deploy.host.serve import WINDOW
+from deploy.host.agent import WINDOW
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import (
@@ -36,8 +36,8 @@ from deploy.plan.planner import (
 )
 from deploy.push.payload import PayloadPush
 from deploy.run.follow import Followers
-from deploy.ssh.agent import HostAgent, StepFailed
-from deploy.ssh.transport import LocalTransport
+from deploy.cluster.hostagent import HostAgent, StepFailed
+from deploy.transport.local import LocalTransport
 from procs import ESCAPING_PAYLOAD, escaped_pids, processes_of_run, wait_until_gone
 
 
@@ -253,7 +253,7 @@ def test_stop_spares_other_runs_and_its_own_process(rundir, run_id, monkeypatch)
 
 
 class Following:
-    """A follow request through the controller's end of the agent (deploy/ssh/agent.py): its
+    """A follow request through the controller's end of the agent (deploy/cluster/hostagent.py): its
     frames as they come; a credit for each frame taken, unless `credits` is False."""
 
     def __init__(self, agent: HostAgent, rundir: Path, offsets: dict[str, int],

@@ -11,7 +11,7 @@ import pytest
 
 from deploy.push import bundle
 from deploy.push.bundle import BundleError, FileStream, manifest, payload_files, stage_tar
-from deploy.ssh.hostzip import host_zip
+from deploy.cluster.hostzip import host_zip
 
 RUN_ID = "20260101-000000-b0b0b0"
 

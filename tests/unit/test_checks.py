@@ -1,5 +1,5 @@
 """`inv check`'s pure parts (what to ask, how to judge the answers, the mesh, the table) and
-the host side (deploy/host/check.py), run as a host runs it: asked of the host's agent, which
+the host side (deploy/host/probe.py), run as a host runs it: asked of the host's agent, which
 runs from memory (nothing written), or by another interpreter with its source on stdin."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hostpkg
-from deploy.host.check import version_of
+from deploy.host.probe import version_of
 from deploy.host.envkey import env_python
 from deploy.host.protocol import Connect, MeshDialed, MeshListening, MeshResult, Probe
 from deploy.inventory.load import parse_inventory
@@ -25,11 +25,11 @@ from deploy.plan.checks import (
 from deploy.plan.lints import lint
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.ports import choose_ports, task_ports
-from deploy.run.check import run_checks
+from deploy.run.hostchecks import run_checks
 from deploy.run.mesh import probe_mesh
-from deploy.ssh.agent import HostAgent
-from deploy.ssh.session import Session
-from deploy.ssh.transport import LocalTransport
+from deploy.cluster.hostagent import HostAgent
+from deploy.cluster.session import Session
+from deploy.transport.local import LocalTransport
 
 THREE = ("hosts:\n  - {name: a, address: 10.1.2.3}\n"
          "  - {name: b, address: 10.1.2.4, workers: 2}\n"
@@ -252,7 +252,7 @@ def test_one_machine_twice_or_an_all_loopback_lab_is_no_duplicate():
     assert lint(same_machine, nowhere) == [] and lint(lab, nowhere) == []
 
 
-# --- deploy/host/check.py, run as a host runs it ---------------------------------------------
+# --- deploy/host/probe.py, run as a host runs it ---------------------------------------------
 
 def hostcheck(*args: str, timeout: float = 30) -> dict:
     """The probe as another interpreter than the agent's runs it: its source on stdin."""

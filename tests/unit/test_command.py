@@ -22,9 +22,9 @@ from deploy.plan.planner import (
     replace_backup_request
 )
 from deploy.plan.text import plan_document, plan_text
-from deploy.ssh.agent import HostAgent
-from deploy.ssh.session import Session
-from deploy.ssh.transport import CommandResult
+from deploy.cluster.hostagent import HostAgent
+from deploy.cluster.session import Session
+from deploy.transport.base import CommandResult
 
 SECRET = "hunter2-$(id)"
 ENV = {"PLAIN": EnvValue("a b"), "TOKEN": EnvValue(SECRET, secret=True)}

@@ -1,6 +1,6 @@
 """The inventory's `data:` field end to end without a network: parsing, the tree hash that names
 a local data directory on the hosts, TFDEPLOY_DATA_DIR in the plan and the run record, the
-host side (deploy/host/data.py asked of a host's agent as a run asks it: data-push, then
+host side (deploy/host/datatree.py asked of a host's agent as a run asks it: data-push, then
 data-receive; the data dir kept by content; the push through a local host), the remote path's
 check, and the agent refusing a data dir that is not there."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rich.console import Console
 import hostpkg
 from counting import CountingTransport
 from test_payload_push import CountingAgent
-from deploy.host import check as hostcheck
+from deploy.host import probe as hostcheck
 from deploy.host.protocol import Probe
 from deploy.inventory.datasource import DataSource, host_data_dir
 from deploy.inventory.load import parse_inventory
@@ -29,8 +29,8 @@ from deploy.plan.text import plan_document, plan_text
 from deploy.push import hashcache
 from deploy.push.data import DataPush, DataTree
 from deploy.push.hashcache import HashCache
-from deploy.ssh.agent import StepFailed
-from deploy.ssh.session import Session
+from deploy.cluster.hostagent import StepFailed
+from deploy.cluster.session import Session
 from deploy.state.record import RunRecord, RunState, load_record, write_record
 
 RUN_ID = "20260101-000000-abcdef"

@@ -16,14 +16,14 @@ from unittest import mock
 
 import pytest
 
-from deploy.host import env as hostenv
+from deploy.host import venv as hostenv
 from deploy.host import envkey
 from deploy.host.envkey import env_dir, env_name, env_python, host_facts, host_key
 from deploy.host.layout import RUN_ID as RUN_ID_PATTERN
 from deploy.host.layout import host_run_id
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, plan_run
-from deploy.plan.setup import WORKDIR_CHECK, plan_setup
+from deploy.plan.envbuild import WORKDIR_CHECK, plan_setup
 from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"

@@ -24,9 +24,9 @@ from deploy.inventory.model import Host
 from deploy.plan.command import Request, split_args
 from deploy.plan.planner import Options, plan_run
 from deploy.push.ignore import IgnoreRules, read_ignore_file
-from deploy.ssh.agent import HostAgent
-from deploy.ssh.session import agent_json
-from deploy.ssh.transport import CommandResult
+from deploy.cluster.hostagent import HostAgent
+from deploy.cluster.session import agent_json
+from deploy.transport.base import CommandResult
 from deploy.state.record import RunRecord, RunState, load_record
 
 FUZZ = settings(max_examples=250, deadline=5000,

@@ -14,7 +14,7 @@ import pytest
 
 import hostpkg
 from deploy.host.frames import MAX_CHUNK, FrameError, read_frame
-from deploy.ssh.agent import StepFailed
+from deploy.cluster.hostagent import StepFailed
 
 
 def wrapper(tmp_path: Path, name: str, body: str) -> str:

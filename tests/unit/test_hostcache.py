@@ -17,7 +17,7 @@ from deploy.host.stage import unpack_stage
 from deploy.host.protocol import Pushed
 from deploy.plan.command import Request
 from deploy.push.bundle import FileStream, manifest, manifest_document, stage_tar
-from deploy.ssh.agent import StepFailed
+from deploy.cluster.hostagent import StepFailed
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import paramiko
 import pytest
 
 from deploy.inventory.sshconfig import Hop
-from deploy.ssh import hostkeys
+from deploy.transport import hostkeys
 
 
 

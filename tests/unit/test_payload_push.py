@@ -15,10 +15,10 @@ from counting import CountingTransport
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, cleanup_request, plan_run
 from deploy.push.payload import PayloadPush
-from deploy.ssh.login import GcmFirstTransport
-from deploy.ssh.agent import HostAgent
-from deploy.ssh.parallel import HostsFailed
-from deploy.ssh.session import Session
+from deploy.transport.login import GcmFirstTransport
+from deploy.cluster.hostagent import HostAgent
+from deploy.cluster.parallel import HostsFailed
+from deploy.cluster.session import Session
 
 
 class CountingAgent(HostAgent):

@@ -1,6 +1,6 @@
 """The agent's answers as typed values (deploy/host/protocol.py): every answer type decodes
 what a host sends and refuses, naming the verb and the field, any field of the wrong type; and
-the controller's reader (deploy/ssh/agent.py) applies them where answers arrive, with frames
+the controller's reader (deploy/cluster/hostagent.py) applies them where answers arrive, with frames
 bounded by the request they answer."""
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from deploy.host.protocol import (
 )
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
-from deploy.ssh.agent import HostAgent, StepFailed
-from deploy.ssh.transport import CommandResult
-from deploy.state.setup import setup_event
+from deploy.cluster.hostagent import HostAgent, StepFailed
+from deploy.transport.base import CommandResult
+from deploy.state.envprogress import setup_event
 
 TASK = {"state": "exited", "size": 3, "offset": 3, "pid": 41, "started": 1.5, "code": 0,
         "ended": 2.5}

@@ -21,15 +21,15 @@ from deploy.host import cache as hostcache
 from deploy.host import prune as hostprune
 from deploy.host import rundir as rundir_module
 from deploy.host import share, teardown
-from deploy.host.check import unsafe_workdir
+from deploy.host.probe import unsafe_workdir
 from deploy.host.envkey import env_name
 from deploy.inventory.load import parse_inventory
 from deploy.plan.command import Request
-from deploy.plan.prune import Keep, prune_request
-from deploy.ssh.agent import StepFailed
+from deploy.plan.retention import Keep, prune_request
+from deploy.cluster.hostagent import StepFailed
 from deploy.plan.lints import lint, public_warnings
 from deploy.push.bundle import FileStream, manifest, manifest_document, stage_tar
-from deploy.ssh.session import backup_targets, filesystem_groups, sharing
+from deploy.cluster.session import backup_targets, filesystem_groups, sharing
 
 REPO = Path(__file__).resolve().parents[2]
 DAY = 86400

@@ -1,6 +1,6 @@
 """Quoting: hostile values reach the program literally through a real POSIX shell (/bin/sh,
 run locally as a subprocess; nothing here touches the network), and through the host's agent,
-whose requests carry words as JSON values (deploy/host/serve.py), shown as a shell would quote
+whose requests carry words as JSON values (deploy/host/agent.py), shown as a shell would quote
 them."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from deploy.errors import BadInput
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
-from deploy.host.serve import expanded
+from deploy.host.agent import expanded
 from deploy.plan.command import Command, HostPath, Request, split_args
 from deploy.plan.planner import Options, plan_run
 
@@ -86,7 +86,7 @@ def test_a_host_path_lets_the_host_expand_its_home():
 
 
 def test_a_host_path_in_a_request_is_expanded_by_the_agent_as_a_shell_would():
-    """The agent (serve.py expanded) gives a HostPath word the meaning the shell gave it:
+    """The agent (agent.py expanded) gives a HostPath word the meaning the shell gave it:
     only a leading ~/ (or ~ alone) is the host's home; every other word is literal."""
     words = (HostPath("~/x y"), HostPath("~"), HostPath("/tmp/$(id)"), HostPath("/a/~/b"),
              HostPath("~root/x"), HostPath("~/~/x"), "~/literal", "~")

@@ -17,7 +17,7 @@ from deploy.inventory.sshconfig import Hop, SshConfigError, parse_hops
 from deploy.plan.lints import cluster_problems, endpoint_problems
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.text import plan_text
-from deploy.ssh import hostkeys
+from deploy.transport import hostkeys
 from deploy.state.record import RunRecord, RunState, load_record, write_record
 
 CONFIG = """

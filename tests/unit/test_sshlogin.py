@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from deploy.ssh.login import GatewayPool, LoginFailed
+from deploy.transport.login import GatewayPool
+from deploy.transport.base import LoginFailed
 
 
 class FakeLogin:

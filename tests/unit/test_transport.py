@@ -5,7 +5,8 @@ import os
 import pwd
 
 from deploy.inventory.load import parse_inventory
-from deploy.ssh.transport import CommandResult, LocalTransport, login_environment
+from deploy.transport.base import CommandResult
+from deploy.transport.local import LocalTransport, login_environment
 
 
 def test_the_error_is_the_last_line_or_a_crashs_headline():
@@ -49,7 +50,8 @@ class Flood:
 
 def test_a_hosts_lines_come_in_bounded_pieces():
     """An endless line from a host (inv setup's build) is read a piece at a time."""
-    from deploy.ssh.transport import LINE_LIMIT, SshStream
+    from deploy.transport.base import LINE_LIMIT
+    from deploy.transport.ssh import SshStream
     stream = SshStream.__new__(SshStream)
     stream.readline = Flood().readline
     pieces = list(SshStream.__iter__(stream))

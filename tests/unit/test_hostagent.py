@@ -1,5 +1,5 @@
-"""The host's agent itself (deploy/host/boot.py, serve.py) and the controller's end of it
-(deploy/ssh/agent.py), run locally: the package loaded from memory, error answers that leave
+"""The host's agent itself (deploy/host/boot.py, agent.py) and the controller's end of it
+(deploy/cluster/hostagent.py), run locally: the package loaded from memory, error answers that leave
 the agent serving, the beat of an idle agent, and a lost agent failing what waits on it."""
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import hostpkg
 from deploy.host.boot import ZipInMemory
 from deploy.host.frames import read_frame
 from deploy.plan.planner import AGENT_BOOT, follow_request
-from deploy.ssh.agent import StepFailed, boot_stdin
-from deploy.ssh.hostzip import host_zip
+from deploy.cluster.hostagent import StepFailed, boot_stdin
+from deploy.cluster.hostzip import host_zip
 
 HOST_SOURCE = Path(deploy.host.__file__).parent
 
@@ -33,7 +33,7 @@ def in_memory() -> ZipInMemory:
 
 def test_the_importer_gives_each_module_and_its_source_from_the_zip():
     importer = in_memory()
-    assert importer.get_source("deploy.host.serve") == (HOST_SOURCE / "serve.py").read_text()
+    assert importer.get_source("deploy.host.agent") == (HOST_SOURCE / "agent.py").read_text()
     assert importer.find_spec("deploy.host").submodule_search_locations is not None
     assert importer.find_spec("deploy.host.frames").origin == \
         "tfdeploy-host.zip/deploy/host/frames.py"

@@ -1,166 +1,14 @@
-"""One interface for running commands on a host, with two implementations: SSH (one Fabric
-connection per host, reused for every channel; see login.py) and local subprocesses for
-`transport: local`.
-
-Both run a command line in a POSIX shell: once with bytes on its stdin, answered with its exit
-code and output (run: `inv setup`'s steps), or as a stream both ways (stream: the run's agent,
-agent.py), so the executor never knows which kind of host it talks to.
-"""
+"""SSH hosts: every command on a channel of the host's one login (login.py)."""
 from __future__ import annotations
 
-import os
-import pwd
-import signal
 import socket
-import subprocess
-import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterable, Protocol, Union
 
 import paramiko
 
-from deploy.errors import Failure
 from deploy.inventory.model import Host
-from deploy.ssh.login import HostLogin, LoginFailed
-
-# What a command reads on stdin: bytes, or pieces of bytes sent in order as they come (a
-# large stream need never be joined in memory).
-Stdin = Union[bytes, Iterable[bytes]]
-
-
-def pieces(stdin: Stdin) -> Iterable[bytes]:
-    return (stdin,) if isinstance(stdin, (bytes, bytearray, memoryview)) else stdin
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    code: int
-    stdout: bytes
-    stderr: bytes
-
-    def error_text(self) -> str:
-        """The line that says what went wrong: the last one (a traceback's exception), or the
-        headline of a crash of the interpreter itself, whose last line says nothing."""
-        text = (self.stderr or self.stdout).decode("utf-8", "replace").strip()
-        if not text:
-            return f"exit code {self.code}"
-        lines = text.splitlines()
-        fatal = [line for line in lines if line.startswith("Fatal Python error")]
-        return fatal[0] if fatal else lines[-1]
-
-
-# Every command runs with umask 077: whatever it creates on the host (run directories, logs,
-# the cache, a task's files) is private to the user, also on a home shared with others.
-PRIVATE = "umask 077; "
-
-# A host is untrusted input: what a command of its own (inv setup's steps) may print, and a
-# line of a stream read by lines (inv setup's build), are bounded; a longer line comes in
-# pieces. The agents' channels are read by frames, bounded by frames.py.
-OUTPUT_LIMIT = 16 << 20
-LINE_LIMIT = 1 << 20
-# sshd's PATH for a session where the environment names none.
-LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def login_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a local host's commands get (its agent, and so its tasks): what a login
-    gives an SSH host's (HOME, USER, LOGNAME, PATH, SHELL; LANG and LC_* as ssh sends them),
-    taken from this shell, so that the tasks find the same python and home. Nothing else of
-    the controller's environment (its tokens, its cloud credentials): what a task needs more
-    comes from the inventory's `env`, in its launch request, as on any host."""
-    environ = os.environ if environ is None else environ
-    account = pwd.getpwuid(os.getuid())
-    env = {"HOME": environ.get("HOME") or account.pw_dir, "USER": account.pw_name,
-           "LOGNAME": account.pw_name, "SHELL": environ.get("SHELL") or account.pw_shell,
-           "PATH": environ.get("PATH") or LOGIN_PATH}
-    env.update({k: v for k, v in environ.items() if k == "LANG" or k.startswith("LC_")})
-    return env
-
-
-class TransportError(Failure):
-    """The host could not be reached or the command could not be run at all."""
-
-
-class Transport(Protocol):
-    host: Host
-
-    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult: ...
-
-    def stream(self, line: str) -> "LineStream": ...
-
-    def close(self) -> None: ...
-
-
-class LineStream(Protocol):
-    """The output of a long-running command, read as it comes: by lines (iterating, or
-    readline) or by byte counts (read, for the follow stream's frames); close() abandons it."""
-
-    def __iter__(self): ...
-
-    def readline(self, limit: int = -1) -> bytes: ...
-
-    def read(self, size: int) -> bytes: ...
-
-    def send(self, data: bytes) -> None: ...
-
-    def outcome(self) -> CommandResult: ...
-
-    def close(self) -> None: ...
-
-
-class LocalStream:
-    def __init__(self, line: str):
-        # Its own session, so that closing it ends exactly this command and its children.
-        # Its stderr goes to a file: a pipe nobody reads could stall it.
-        self.errors = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdout=subprocess.PIPE,
-                                     stdin=subprocess.PIPE, stderr=self.errors,
-                                     start_new_session=True, cwd=os.path.expanduser("~"),
-                                     env=login_environment())
-
-    def __iter__(self):
-        return iter(lambda: self.proc.stdout.readline(LINE_LIMIT), b"")
-
-    def readline(self, limit: int = -1) -> bytes:
-        return self.proc.stdout.readline(limit)
-
-    def read(self, size: int) -> bytes:
-        return self.proc.stdout.read(size)
-
-    def send(self, data: bytes) -> None:
-        try:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-        except (OSError, ValueError) as exc:
-            raise TransportError(f"local stream: {exc}") from None
-
-    def outcome(self) -> CommandResult:
-        """Once the output has ended: the exit code and what the command said on stderr."""
-        code = self.proc.wait()
-        self.errors.seek(0)
-        return CommandResult(code, b"", self.errors.read())
-
-    def close(self) -> None:
-        _end(self.proc)
-        self.errors.close()
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """End a command started in a session of its own (SIGTERM to that group if it still runs),
-    wait for it and close its pipes."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        if pipe is not None:
-            try:
-                pipe.close()
-            except OSError:
-                pass
+from deploy.transport.base import LINE_LIMIT, OUTPUT_LIMIT, PRIVATE, CommandResult, LineStream, LoginFailed, Stdin, TransportError, pieces
+from deploy.transport.login import HostLogin
 
 
 class SshExchange:
@@ -296,26 +144,6 @@ class SshStream:
         self.channel.close()
 
 
-class LocalTransport:
-    def __init__(self, host: Host):
-        self.host = host
-
-    def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
-        try:
-            done = subprocess.run(["/bin/sh", "-c", PRIVATE + line], input=b"".join(pieces(stdin)),
-                                  capture_output=True, env=login_environment(),
-                                  timeout=timeout, cwd=os.path.expanduser("~"))
-        except subprocess.TimeoutExpired:
-            raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
-        return CommandResult(done.returncode, done.stdout, done.stderr)
-
-    def stream(self, line: str) -> LineStream:
-        return LocalStream(line)
-
-    def close(self) -> None:
-        pass
-
-
 class SshTransport:
     """One SSH login per host, reused for every step (login.py: gateways, keys)."""
 
@@ -359,9 +187,3 @@ class SshTransport:
 
     def close(self) -> None:
         self.login.close()
-
-
-def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:
-    if host.transport == "local":
-        return LocalTransport(host)
-    return SshTransport(host, connect_timeout, accept_new_host_keys)

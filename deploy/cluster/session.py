@@ -26,9 +26,10 @@ from deploy.plan.planner import (
     poll_request, receive_request, replace_backup_request, stop_request
 )
 from deploy.plan.ports import choose_ports, task_ports
-from deploy.ssh.agent import Body, HostAgent, StepFailed
-from deploy.ssh.parallel import HostsFailed, on_all, on_each
-from deploy.ssh.transport import OUTPUT_LIMIT, CommandResult, Transport, connect
+from deploy.cluster.hostagent import Body, HostAgent, StepFailed
+from deploy.cluster.parallel import HostsFailed, on_all, on_each
+from deploy.transport.base import OUTPUT_LIMIT, CommandResult, Transport
+from deploy.transport.connect import connect
 
 
 def checked(result: CommandResult, host: Host, step: str) -> CommandResult:

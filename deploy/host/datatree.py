@@ -10,7 +10,7 @@ It reuses the verified file cache and the atomic assembly of cache.py.
                                      the same files. Outside every run directory: teardown never
                                      deletes it, and the next run with the same data finds it.
 
-Asked by the agent (serve.py: the requests data-push, then data-receive):
+Asked by the agent (agent.py: the requests data-push, then data-receive):
     want(RUNDIR, DATADIR, CACHE)   <rundir>/data-<tree>.json: which contents the cache lacks;
                                    when it lacks none, DATADIR is assembled at once. The
                                    answer names the filesystem: hosts that share it and push

@@ -1,5 +1,5 @@
 """The host side of `inv check` and of `inv train`'s port choice, asked through the host's
-agent (serve.py), which runs from memory: asking writes nothing on the host. Standard library
+agent (agent.py), which runs from memory: asking writes nothing on the host. Standard library
 only, like the rest of deploy/host.
 
     probe(WORKDIR, COUNT, DATA)  python, package versions (read from installed metadata:
@@ -135,7 +135,7 @@ def any_address_socket():
 # /tmp); a symbolic link on the way the user's or root's (another user's link, or a directory
 # another user can write, lets that user point the tool's writes anywhere). The nearest
 # existing directory is where a missing workdir would be made. `inv setup` runs this
-# function's source before it writes anything (deploy/plan/setup.py), so it stays
+# function's source before it writes anything (deploy/plan/envbuild.py), so it stays
 # self-contained: os, pwd and stat only.
 def unsafe_workdir(workdir):
     me = os.getuid()

@@ -6,14 +6,14 @@ train`'s launch and `inv check`'s probe find it by the same function): an unchan
 reuses it, a changed one gets a new one beside it, and so does a host whose python3 was
 upgraded or that shares the workdir but runs another build. The host answers where its
 environment is. Hosts that share a workdir and one environment build it once: the first takes
-its lock, the others wait and reuse it (deploy/host/env.py).
+its lock, the others wait and reuse it (deploy/host/venv.py).
 """
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
 
-from deploy.host.check import unsafe_workdir
+from deploy.host.probe import unsafe_workdir
 from deploy.host.layout import WHEELHOUSE, host_run_id
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Command, HostPath, Shell
@@ -21,7 +21,7 @@ from deploy.plan.planner import cleanup_command, host_agent, run_dir
 
 
 # The first thing inv setup runs on a host, before it writes anything there: the workdir check
-# of the push and of `inv check` (deploy/host/check.py), by the host's python; it exits 1
+# of the push and of `inv check` (deploy/host/probe.py), by the host's python; it exits 1
 # saying why an unsafe workdir is unsafe.
 WORKDIR_CHECK = ("import os, pwd, stat, sys\n" + inspect.getsource(unsafe_workdir) +
                  "problem = unsafe_workdir(sys.argv[1])\nif problem:\n    sys.exit(problem)\n")

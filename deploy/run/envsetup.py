@@ -21,14 +21,14 @@ from deploy.console.view import say
 from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
 from deploy.host.protocol import EnvStatus, Stopped
 from deploy.inventory.model import Inventory
-from deploy.plan.setup import HostSetup, SetupPlan, plan_setup
+from deploy.plan.envbuild import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
-from deploy.ssh.hostzip import host_zip
-from deploy.ssh.parallel import on_all, on_each
-from deploy.ssh.session import Session, agent_answer, checked
-from deploy.ssh.transport import LineStream
+from deploy.cluster.hostzip import host_zip
+from deploy.cluster.parallel import on_all, on_each
+from deploy.cluster.session import Session, agent_answer, checked
+from deploy.transport.base import LineStream
 from deploy.state.record import new_run_id
-from deploy.state.setup import HostProgress, setup_event
+from deploy.state.envprogress import HostProgress, setup_event
 
 
 def requirements_hash(payload: Path) -> str | None:

@@ -8,7 +8,7 @@ import shlex
 
 import paramiko
 
-from deploy.ssh.errors import LoginFailed
+from deploy.transport.base import LoginFailed
 
 
 def shell_line(command: str) -> str:

@@ -1,5 +1,5 @@
 """Each host's progress through `inv setup`, from the JSON lines its setup step prints
-(deploy/host/env.py): reused, built or failed, the step it is at, pip's last lines."""
+(deploy/host/venv.py): reused, built or failed, the step it is at, pip's last lines."""
 from __future__ import annotations
 
 import json

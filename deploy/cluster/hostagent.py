@@ -1,4 +1,4 @@
-"""The controller's end of a host's agent (deploy/host/serve.py): one Python started once per
+"""The controller's end of a host's agent (deploy/host/tasks.py): one Python started once per
 host per run on one channel of the host's transport, asked every later step as a request.
 
 Requests are sent without waiting for earlier answers: asking every host, then collecting the
@@ -24,8 +24,8 @@ from deploy.host.protocol import LOG_CHUNK, Answer, Beat, ProtocolError, answer_
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.plan.planner import agent_command
-from deploy.ssh.hostzip import host_zip
-from deploy.ssh.transport import LineStream, Transport, TransportError
+from deploy.cluster.hostzip import host_zip
+from deploy.transport.base import LineStream, Transport, TransportError
 
 
 class StepFailed(Failure):

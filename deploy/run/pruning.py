@@ -15,11 +15,11 @@ from deploy.console.view import say
 from deploy.errors import BadInput, TfdeployError
 from deploy.host.archive import size
 from deploy.inventory.model import Inventory
-from deploy.plan.prune import Keep, prune_request
+from deploy.plan.retention import Keep, prune_request
 from deploy.push.bundle import file_entry, payload_files
 from deploy.push.hashcache import HashCache
-from deploy.run.setup import requirements_hash
-from deploy.ssh.session import Session
+from deploy.run.envsetup import requirements_hash
+from deploy.cluster.session import Session
 from deploy.state.record import list_records
 
 KINDS = (("files", "cached file(s)"), ("envs", "environment(s)"), ("runs", "run director(ies)"))

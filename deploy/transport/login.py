@@ -23,8 +23,8 @@ from fabric import Connection
 
 from deploy.inventory.model import Host
 from deploy.inventory.sshconfig import Hop
-from deploy.ssh import hostkeys, proxy
-from deploy.ssh.errors import LoginFailed
+from deploy.transport import hostkeys, proxy
+from deploy.transport.base import LoginFailed
 
 
 class GcmFirstTransport(paramiko.Transport):

@@ -22,7 +22,7 @@ from deploy.plan.checks import (
 )
 from deploy.plan.planner import env_requirements
 from deploy.run.mesh import probe_mesh
-from deploy.ssh.session import Session, gather
+from deploy.cluster.session import Session, gather
 
 PROBE_TIMEOUT = 60.0
 
