@@ -3,9 +3,11 @@ host's agent started locally exactly as the controller starts one (deploy/cluste
 the local transport: real processes and pipes, no network)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+from deploy.host import venv
 from deploy.host.archive import Limits
 from deploy.host.layout import HOST_ZIP
 from deploy.inventory.load import parse_inventory
@@ -67,3 +69,10 @@ def fetched(agent: HostAgent, request: Request, folder: Path, limits: Limits = L
         agent.ask(request, "fetch", into=spool).wait(30)
         archive = spool.ready(agent.host.label, "fetch")
         return archive.read() if archive is not None else b""
+
+
+def fake_env(root: Path, want: dict) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
+    (root / venv.MARKER).write_text(json.dumps(want))
+    return root

@@ -4,19 +4,15 @@ ready check, relocation)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import platform
 import shlex
 import sys
-import threading
-import time
-from pathlib import Path
-from unittest import mock
 
 import pytest
 
 from deploy.host import venv as hostenv
+from hostpkg import fake_env
 from deploy.host import envkey
 from deploy.host.envkey import env_dir, env_name, env_python, host_facts, host_key
 from deploy.host.layout import RUN_ID as RUN_ID_PATTERN
@@ -140,13 +136,6 @@ def test_a_host_run_id_is_a_run_id_whatever_the_host_is_called():
     assert RUN_ID_PATTERN.match(long) and long != host_run_id("setup-" + RUN_ID, "h" * 201)
 
 
-def fake_env(root: Path, want: dict) -> Path:
-    (root / "bin").mkdir(parents=True)
-    (root / "bin" / "python").symlink_to(sys.executable)
-    (root / hostenv.MARKER).write_text(json.dumps(want))
-    return root
-
-
 def test_an_env_is_ready_only_for_the_same_requirements_and_python(tmp_path):
     rundir = tmp_path / "run"
     rundir.mkdir()
@@ -178,46 +167,3 @@ def test_relocate_points_scripts_at_the_final_place(tmp_path):
     assert os.readlink(env / "bin" / "python") == sys.executable
 
 
-def build_as_holder(envdir: str, want: dict, held, release) -> None:
-    """Another host sharing the workdir: it takes the build lock, builds (a fake environment),
-    and lets go when told."""
-    with hostenv.build_lock(envdir, "h1"):
-        held.set()
-        release.wait(30)
-        fake_env(Path(envdir), want)
-
-
-def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_path, capsys):
-    """h1 builds; h2 (another process, as another host) finds the environment missing, waits
-    for the lock saying whose build it waits for, then reuses what h1 built."""
-    rundir = tmp_path / "work" / "runs" / "setup-1-h2"
-    rundir.mkdir(parents=True)
-    (rundir / "requirements.txt").write_text("tinypkg==1.0\n")
-    want = hostenv.wanted(str(rundir))
-    envdir = tmp_path / "work" / "envs" / "e"
-    envdir.parent.mkdir()
-    ctx = multiprocessing.get_context("fork")
-    held, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=build_as_holder, args=(str(envdir), want, held, release))
-    holder.start()
-    done = []
-    try:
-        assert held.wait(10)
-        waiter = threading.Thread(target=lambda: done.append(
-            hostenv.setup(str(rundir), str(envdir), "h2", False)))
-        with mock.patch.object(hostenv, "WAIT_POLL", 0.05):
-            waiter.start()
-            time.sleep(0.5)
-            assert not done
-            release.set()
-            waiter.join(30)
-    finally:
-        release.set()
-        holder.join()
-    assert done[0]["reused"] is True and done[0]["env"] == str(envdir)
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    texts = [line.get("text", "") for line in lines]
-    assert any(t.startswith("waiting for h1, which builds this environment (") for t in texts)
-    assert texts[-1] == "environment built meanwhile: reusing it"
-    assert (envdir.parent / "e.lock").read_text() == "h2"     # the last holder's name
-    assert not (rundir / "env-build").exists()

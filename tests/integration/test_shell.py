@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 
@@ -12,12 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hostpkg
 from deploy.errors import BadInput
+from deploy.host.archive import Limits
+from deploy.host.protocol import Stopped
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.host.agent import expanded
-from deploy.plan.command import Command, HostPath, Request, split_args
-from deploy.plan.planner import Options, plan_run
+from deploy.plan.command import Command, HostPath, Request, Shell, split_args
+from deploy.plan.planner import (
+    Options, cleanup_request, fetch_backup_request, plan_run, replace_backup_request
+)
 
 HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
            "line\nbreak", "trailing\n", "\n", "naïve ☃ 日本", "$HOME", "${HOME}", "*", "?",
@@ -179,3 +185,43 @@ def test_hostile_args_and_env_in_a_planned_launch(tmp_path):
     sent = expanded(task.launch.wire())
     assert sent[:sent.index("--")] == [rundir, "0", f"{rundir}/payload"]
     assert not os.path.exists(canary)
+
+
+def test_shell_words_are_syntax_and_values_are_not():
+    assert through_shell(Command(("echo", "a", Shell("&&"), "echo", "b")).line) == b"a\nb\n"
+    assert through_shell(Command(("echo", "a", "&&", "echo", "b")).line) == b"a && echo b\n"
+
+
+@pytest.mark.parametrize("kind", [str, HostPath])
+def test_hostile_words_of_every_kind_arrive_literally(kind, tmp_path):
+    canary = tmp_path / "pwned"
+    values = [v.replace("/tmp/tfdeploy-pwned", str(canary)) for v in HOSTILE]
+    words = [kind(v) for v in values if kind is str or not v.startswith("~")]
+    assert printf_words(Command(tuple(words)).line) == [w.encode() for w in words]
+    under_home = [HostPath("~/" + v) for v in values]
+    assert printf_words(Command(tuple(under_home)).line) == [
+        f"{HOME}/{v}".encode() for v in values]
+    assert not canary.exists()
+
+
+def test_requests_work_in_a_hostile_run_dir(tmp_path):
+    """The backup's fetch and replace, and the cleanup of a run that never arrived, with a
+    run dir whose name a shell would expand if it ever reached one."""
+    canary = tmp_path / "pwned"
+    chief = tmp_path / f"chief $(touch {canary})"
+    (chief / "backup").mkdir(parents=True)
+    (chief / "backup" / "state").write_text("epoch 2")
+    other = tmp_path / "runs" / f"other `touch {canary}`; x"
+    other.mkdir(parents=True)
+    (other / "run.json").write_text(json.dumps({"run_id": other.name}))
+    host = hostpkg.local_host()
+    with hostpkg.LocalAgent(host) as local:
+        archive = hostpkg.fetched(local.agent, fetch_backup_request(str(chief), Limits()),
+                                  tmp_path)
+        local.agent.ask(replace_backup_request(str(other), Limits()), "replace",
+                        archive).wait(30)
+        assert (other / "backup" / "state").read_text() == "epoch 2"
+        answer = local.agent.ask(cleanup_request(host, str(tmp_path / "never $(id)"), 1),
+                                 "cleanup").wait(30)
+    assert answer == Stopped(absent=True)
+    assert not canary.exists()
