@@ -16,36 +16,31 @@ import os
 import sys
 
 from deploy.host import tasks, teardown, venv
-from deploy.host.layout import task_key_of, task_name
-
-
-def task_arg(task):
-    """A task key as the controller sends it (layout.task_key), refused when it is none: it
-    becomes a file name in the run directory."""
-    if task_key_of(task_name(task)) != task:
-        raise SystemExit("not a task: %r" % task)
-    return task
-
-
-def parse_offsets(requests):
-    return {task_arg(task): int(offset)
-            for task, offset in (item.split(":") for item in requests)}
+from deploy.host.layout import checked_task_key
+from deploy.host.protocol import HostError
 
 
 def main(argv):
+    try:
+        run_verb(argv)
+    except HostError as exc:      # a program's error: its words on stderr, exit status 1
+        raise SystemExit(str(exc)) from None
+
+
+def run_verb(argv):
     # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
     os.umask(0o077)
     verb, args = argv[0], argv[1:]
     rest = args[args.index("--") + 1:] if "--" in args else []
     if verb == "supervise":
-        tasks.supervise(args[0], task_arg(args[1]), rest)
+        tasks.supervise(args[0], checked_task_key(args[1]), rest)
         out = None
     elif verb == "cleanup":
         out = teardown.cleanup(args[0], float(args[1]), *args[2:3])
     elif verb in ("envstatus", "setup"):
         out = venv.main(verb, args)
     else:
-        raise SystemExit("unknown verb %r" % verb)
+        raise HostError("unknown verb %r" % verb)
     if out is not None:
         sys.stdout.write(json.dumps(out) + "\n")
 

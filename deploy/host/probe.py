@@ -375,11 +375,11 @@ def mesh(spec, lines=None, say=None):
 
 
 def main(argv):
-    """`python -I - probe WORKDIR COUNT [DATA]`: the probe run by another interpreter than the
-    agent's (the environment `inv setup` built), with this file on its stdin."""
-    if argv[:1] != ["probe"]:
-        raise SystemExit("unknown verb %r" % argv[:1])
-    sys.stdout.write(json.dumps(probe(argv[1], int(argv[2]), *argv[3:4])) + "\n")
+    """`python -I - ASKED`: the probe run by another interpreter than the agent's (the
+    environment `inv setup` built), with this file on its stdin and what is asked as a JSON
+    object on its command line ({"workdir", "count", "data"}, as the agent's probe_host)."""
+    asked = json.loads(argv[0])
+    sys.stdout.write(json.dumps(probe(asked["workdir"], asked["count"], asked["data"])) + "\n")
 
 
 if __name__ == "__main__":

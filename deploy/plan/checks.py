@@ -3,13 +3,14 @@ deploy/run/hostchecks.py runs it. Every problem is a sentence that names the hos
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.host.probe
 from deploy.host.archive import size
-from deploy.host.protocol import Connect, MeshResult, Probe
+from deploy.host.protocol import (
+    Connect, MeshCloseRequest, MeshDialRequest, MeshListenRequest, MeshResult, Probe, ProbeRequest
+)
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
@@ -76,17 +77,17 @@ def probe_request(host: Host, env_requirements: str | None = None) -> Request:
     the host (its name is the host's to compute, deploy/host/envkey.py), since it is what the
     tasks will run; it reads deploy/host/probe.py, which comes with the request."""
     data = HostPath(host.data.path) if host.data is not None and host.data.kind == "remote" \
-        else ""                                  # tasks will read it: can they?
-    return Request("probe", (HostPath(host.workdir), str(ports_to_probe(host)), data,
-                             env_requirements or ""),
+        else None                                # tasks will read it: can they?
+    return Request(ProbeRequest(HostPath(host.workdir), ports_to_probe(host), data,
+                                env_requirements),
                    body="deploy/host/probe.py, for the environment's python"
                    if env_requirements else "")
 
 
 def mesh_requests(spec: dict) -> tuple[Request, Request, Request]:
     """The mesh probe's phases on one host: listen (with its SPEC), dial, close."""
-    return (Request("mesh-listen", (json.dumps(spec, separators=(",", ":")),)),
-            Request("mesh-dial"), Request("mesh-close"))
+    return (Request(MeshListenRequest(**spec)), Request(MeshDialRequest()),
+            Request(MeshCloseRequest()))
 
 
 def push_needs(push_bytes: int) -> int:
@@ -192,7 +193,7 @@ def mesh_specs(checks: list[HostCheck], nonce: str) -> dict[str, dict]:
                            "targets": []} for c in checks}
     for src, dst, port in mesh_pairs(checks):
         specs[dst.host.name]["listen"][str(port)] += 1
-        target = [str(dst.host.tf_address), port, dst.host.name]
+        target = (str(dst.host.tf_address), port, dst.host.name)
         specs[src.host.name]["targets"].append(target)
     return specs
 

@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 import hostpkg
 from deploy.errors import BadInput
 from deploy.host.archive import Limits
-from deploy.host.protocol import Stopped
+from deploy.host.protocol import LaunchRequest, Stopped, decode_request
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
-from deploy.host.agent import expanded
 from deploy.plan.command import Command, HostPath, Request, Shell, split_args
 from deploy.plan.planner import (
     Options, cleanup_request, fetch_backup_request, plan_run, replace_backup_request
@@ -91,16 +90,23 @@ def test_a_host_path_lets_the_host_expand_its_home():
     assert through_shell(f"printf %s {quoted(HostPath('~/~/x'))}") == f"{HOME}/~/x".encode()
 
 
+def sent_argv(words) -> list[str]:
+    """Words as a launch's argv, as the agent decodes them (protocol.py decode_request)."""
+    wire = Request(LaunchRequest("/r", "0", "/c", tuple(words))).wire()
+    return list(decode_request(json.loads(json.dumps(wire))).argv)
+
+
 def test_a_host_path_in_a_request_is_expanded_by_the_agent_as_a_shell_would():
-    """The agent (agent.py expanded) gives a HostPath word the meaning the shell gave it:
-    only a leading ~/ (or ~ alone) is the host's home; every other word is literal."""
+    """The agent (protocol.py decode_request) gives a HostPath word the meaning the shell
+    gave it: only a leading ~/ (or ~ alone) is the host's home; every other word is
+    literal."""
     words = (HostPath("~/x y"), HostPath("~"), HostPath("/tmp/$(id)"), HostPath("/a/~/b"),
              HostPath("~root/x"), HostPath("~/~/x"), "~/literal", "~")
-    assert expanded(Request("v", words).wire()) == [
+    assert sent_argv(words) == [
         f"{HOME}/x y", HOME, "/tmp/$(id)", "/a/~/b", "~root/x", f"{HOME}/~/x", "~/literal", "~"]
     for word in words:
         assert through_shell(f"printf %s {quoted(word)}").decode() == \
-            expanded(Request("v", (word,)).wire())[0]
+            sent_argv([word])[0]
 
 
 @settings(max_examples=80, deadline=None)
@@ -142,17 +148,16 @@ def local_plan(args, env_values):
 
 
 def launch_tail(task) -> str:
-    """The words after the agent's `--` as --dry-run shows them: interpreter, entry script and
+    """The launch's argv as --dry-run shows it (`argv=[...]`): interpreter, entry script and
     the script's args."""
     shown = task.launch.shown()
-    assert shown.count(" -- ") >= 1
-    return shown.split(" -- ", 1)[1]
+    assert shown.count(" argv=[") == 1 and shown.endswith("]")
+    return shown.split(" argv=[", 1)[1][:-1]
 
 
 def sent_tail(task) -> list[str]:
     """The same words as the agent receives them (after its expansion of the host's paths)."""
-    args = expanded(task.launch.wire())
-    return args[args.index("--") + 1:]
+    return list(decode_request(json.loads(json.dumps(task.launch.wire()))).argv)
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,13 +182,12 @@ def test_hostile_args_and_env_in_a_planned_launch(tmp_path):
     assert printf_words(launch_tail(task)) == [b"/py", b"train.py"] + [a.encode() for a in args]
     assert secret not in task.launch.shown() and "multi\nline" not in task.launch.shown()
     assert secret not in repr(task.launch)
-    # The words before the tail are the agent's own and also come out as they should.
-    head = task.launch.shown().split(" -- ", 1)[0]
+    # The fields before argv are the agent's own and also come out as they should.
+    assert task.launch.shown().startswith(
+        "agent: launch rundir=~/.tfdeploy/runs/r1 task=0 cwd=~/.tfdeploy/runs/r1/payload ")
+    sent = decode_request(json.loads(json.dumps(task.launch.wire())))
     rundir = f"{HOME}/.tfdeploy/runs/r1"
-    assert printf_words(head) == [b"agent:", b"launch", rundir.encode(), b"0",
-                                  f"{rundir}/payload".encode()]
-    sent = expanded(task.launch.wire())
-    assert sent[:sent.index("--")] == [rundir, "0", f"{rundir}/payload"]
+    assert (sent.rundir, sent.task, sent.cwd) == (rundir, "0", f"{rundir}/payload")
     assert not os.path.exists(canary)
 
 

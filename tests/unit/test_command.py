@@ -10,6 +10,7 @@ import queue
 import pytest
 
 from deploy.errors import BadInput
+from deploy.host.protocol import LaunchRequest, MeshDialRequest
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.command import Command, HostPath, Request, Shell
@@ -45,23 +46,28 @@ def test_a_command_shows_what_it_reads():
 
 
 def test_secrets_are_masked_wherever_a_request_is_shown():
-    request = Request("launch", (HostPath("~/runs/r1"), "0", "$(id)"), ENV, body="nothing")
-    assert request.shown() == "agent: launch ~/runs/r1 0 '$(id)'    < nothing"
+    request = Request(LaunchRequest(HostPath("~/runs/r1"), "0", "$(id)", ("a b",)), ENV,
+                      body="nothing")
+    assert request.shown() == \
+        "agent: launch rundir=~/runs/r1 task=0 cwd='$(id)' argv=['a b']    < nothing"
     assert request.shown_env() == {"PLAIN": "a b", "TOKEN": "***"}
     for shown in (request.shown(), repr(request), str(request),
                   json.dumps(request.shown_env())):
         assert SECRET not in shown
     assert "'TOKEN': '***'" in repr(request)
-    assert Request("poll").shown() == "agent: poll"        # nothing comes with it
+    assert Request(MeshDialRequest()).shown() == "agent: mesh-dial"    # nothing comes with it
 
 
 def test_the_environment_goes_on_the_wire_with_the_real_values():
-    request = Request("launch", (HostPath("~/r"), "0", "~/literal"), ENV)
-    assert request.wire() == {"verb": "launch", "args": ["~/r", "0", "~/literal"], "home": [0],
-                              "env": {"PLAIN": "a b", "TOKEN": SECRET}}
+    request = Request(LaunchRequest(HostPath("~/r"), "0", "~/literal", (HostPath("~/py"), "~/x")),
+                      ENV)
+    assert request.wire() == {
+        "verb": "launch", "fields": {"rundir": "~/r", "task": "0", "cwd": "~/literal",
+                                     "argv": ["~/py", "~/x"]},
+        "home": ["rundir", "argv.0"], "env": {"PLAIN": "a b", "TOKEN": SECRET}}
     assert request.wire(TFDEPLOY_ATTEMPT="2")["env"] == {
         "PLAIN": "a b", "TOKEN": SECRET, "TFDEPLOY_ATTEMPT": "2"}
-    assert Request("poll").wire() == {"verb": "poll", "args": [], "home": []}
+    assert Request(MeshDialRequest()).wire() == {"verb": "mesh-dial", "fields": {}, "home": []}
     assert json.loads(json.dumps(request.wire())) == request.wire()     # JSON as it is
 
 
@@ -131,7 +137,7 @@ def test_the_session_sends_the_launch_request_and_its_environment_with_the_attem
     assert not boot.startswith(b"{")             # the agent's boot and package come first
     (task,) = plan.tasks
     sent = json.loads(header)
-    assert sent["verb"] == "launch" and sent["args"] == list(task.launch.args)
+    assert sent["verb"] == "launch" and sent["fields"] == task.launch.message.fields()
     assert sent["env"] == {**{k: v.value for k, v in task.env.items()}, "TFDEPLOY_ATTEMPT": "2"}
 
 

@@ -98,9 +98,9 @@ def test_train_prefers_the_env_unless_the_host_names_its_python(inventory):
     a, b, c = plan.hosts
     assert (a.env_requirements, b.env_requirements) == (REQ, None)
     assert a.env_python == f"~/.tfdeploy/envs/{REQ[:16]}-<host key>/bin/python"
-    assert f" launch {a.run_dir} 0 {a.run_dir}/payload {REQ} -- python3 " \
+    assert f" launch rundir={a.run_dir} task=0 cwd={a.run_dir}/payload argv=[python3 " \
         in a.tasks[0].launch.shown()
-    assert a.tasks[0].launch.args[3] == REQ
+    assert a.tasks[0].launch.message.requirements == REQ
     assert " launch " in b.tasks[0].launch.shown() and REQ not in b.tasks[0].launch.shown()
     assert plan_run(inventory, Options(), RUN_ID).hosts[0].env_python is None   # no requirements
     text = plan_text(plan)

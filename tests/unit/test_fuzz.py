@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import tasks
 from deploy.errors import BadInput, Failure
-from deploy.host.protocol import Tasks
+from deploy.host.protocol import PollRequest, Tasks
 from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.inventory.model import Host
 from deploy.plan.command import Request, split_args
@@ -292,7 +292,7 @@ frames = st.one_of(
 def test_whatever_an_agent_sends_its_step_is_answered_or_fails_naming_the_host(data):
     agent = HostAgent(HOST, Scripted(data))
     try:
-        doc = agent.ask(Request("poll"), "poll").wait(10)
+        doc = agent.ask(Request(PollRequest("/r", {})), "poll").wait(10)
     except Failure as exc:
         assert "h1" in str(exc)
     else:
