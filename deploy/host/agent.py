@@ -23,12 +23,12 @@ import sys
 import threading
 import time
 
-from deploy.host import archive, cache, datatree, envkey, probe, prune, tasks, teardown
+from deploy.host import archive, cache, datatree, envkey, probe, prune, tasks, teardown, venv
 from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, checked_task_key, in_run
 from deploy.host.protocol import (
-    CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, FollowRequest,
-    HostError, LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest,
+    CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
+    EnvStatusRequest, FollowRequest, HostError, LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest,
     PollRequest, PortsRequest, ProbeRequest, PruneRequest, PushRequest, ReceiveRequest,
     ReplaceBackupRequest, StopRequest, TarOutRequest, decode_request
 )
@@ -255,6 +255,18 @@ def pruning(call):
                        request.older_than, dry=request.dry_run)
 
 
+def env_status(call):
+    """inv setup's stage unpacked (after the workdir check), then whether this host's
+    environment for its requirements.txt is ready."""
+    unpack_stage(call.request.rundir, call.body)
+    return venv.envstatus(call.request.rundir)
+
+
+def env_build(call):
+    request = call.request
+    return venv.setup(request.rundir, request.host, request.wheelhouse, call.send)
+
+
 # Each request type's handler: it returns the answer's document, or None when it answered by
 # itself (the mesh phases) or needs no answer (a credit).
 HANDLERS = {
@@ -264,6 +276,7 @@ HANDLERS = {
     LaunchRequest: launch, PollRequest: poll, FollowRequest: follow, CreditRequest: credit,
     StopRequest: ending, CleanupRequest: ending,
     TarOutRequest: tar_out, ReplaceBackupRequest: replace_backup, PruneRequest: pruning,
+    EnvStatusRequest: env_status, EnvBuildRequest: env_build,
 }
 # Requests whose files follow them on the channel: handled in the reading thread.
 STREAMED = (ReceiveRequest, DataReceiveRequest)

@@ -468,33 +468,36 @@ class Pruned(Answer):
 
 @dataclass(frozen=True)
 class EnvStatus(Answer):
-    """inv setup's `envstatus`: whether the environment exists (its versions then)."""
+    """inv setup's `env-status`: whether the environment exists (its versions then)."""
     ready: bool
     env: str
     versions: Mapping[str, Optional[str]] = field(default_factory=dict)
 
     @classmethod
-    def decode(cls, doc, verb="envstatus"):
+    def decode(cls, doc, verb="env-status"):
         fields = Fields(doc, verb)
         return cls(fields.flag("ready"), fields.text("env"), _versions(fields, required=False))
 
 
 @dataclass(frozen=True)
 class SetupEvent(Answer):
-    """One line of inv setup's build: a step or a log line (`text`), its end (`done`: the
-    environment, reused or built, and its versions) or its failure (`error`: `message`)."""
+    """One frame of inv setup's build (`env-build`): a step or a log line (`text`), or its end
+    (`done`: the environment, reused or built, and its versions). A failed build is the
+    request's error."""
     event: str
     text: Optional[str] = None
-    message: Optional[str] = None
     reused: bool = False
     env: Optional[str] = None
     versions: Mapping[str, Optional[str]] = field(default_factory=dict)
 
+    @property
+    def end(self):
+        return self.event == "done"
+
     @classmethod
-    def decode(cls, doc, verb="setup"):
+    def decode(cls, doc, verb="env-build"):
         fields = Fields(doc, verb)
         return cls(fields.text("event"), text=fields.text("text", required=False),
-                   message=fields.text("message", required=False),
                    reused=fields.flag("reused", required=False),
                    env=fields.text("env", required=False),
                    versions=_versions(fields, required=False))
@@ -801,6 +804,26 @@ class PruneRequest(HostRequest):
     host: str
     older_than: float
     dry_run: bool
+
+
+@_registered("env-status", EnvStatus)
+@dataclass(frozen=True)
+class EnvStatusRequest(HostRequest):
+    """inv setup's first step: the stage (run.json and requirements.txt, the body) unpacked
+    into `rundir` after the workdir check, then whether this host's environment for those
+    requirements is ready."""
+    rundir: str
+
+
+@_registered("env-build", SetupEvent)
+@dataclass(frozen=True)
+class EnvBuildRequest(HostRequest):
+    """Build (or reuse) the environment of `rundir`'s requirements.txt, a frame per step and
+    pip line; `host` names this host to hosts sharing the workdir that wait for its build;
+    `wheelhouse`: install from <rundir>/wheelhouse only."""
+    rundir: str
+    host: str
+    wheelhouse: bool = False
 
 
 def answer_type(verb):

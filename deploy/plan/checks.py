@@ -8,6 +8,7 @@ from pathlib import Path
 
 import deploy.host.probe
 from deploy.host.archive import size
+from deploy.host.probe import PACKAGES
 from deploy.host.protocol import (
     Connect, MeshCloseRequest, MeshDialRequest, MeshListenRequest, MeshResult, Probe, ProbeRequest
 )
@@ -32,7 +33,6 @@ MESH_WINDOW = 5.0
 # then whatever the controller does: long enough for many hosts to start their probes.
 MESH_DEADLINE = 120.0
 MESH_ATTEMPT = 2.0     # one connection attempt; a firewall that drops packets times out here
-INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 
 
 @dataclass
@@ -116,7 +116,7 @@ def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0) -> None:
         if version is None:
             check.problems.append(f"{label}: {package} is not installed for "
                                   f"{answer.executable or host.python} "
-                                  f"(pip install {INSTALL.get(package, package)})")
+                                  f"(pip install {PACKAGES.get(package, (package,))[0]})")
     tf, tfk = versions.get("tensorflow"), versions.get("tf_keras")
     if tf and tfk and minor(tf) != minor(tfk):
         check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "
@@ -263,7 +263,7 @@ def rows(report: CheckReport) -> list[list[str]]:
         versions = probe.versions if probe else {}
         cells = [c.host.name, address, probe.python if probe else "-"]
         cells += [versions.get(p) or ("missing" if probe else "-")
-                  for p in ("tensorflow", "tf_keras", "numpy")]
+                  for p in PACKAGES]
         cells.append(size(probe.disk_free) if probe else "-")
         cells.append(", ".join(map(str, c.ports)) or "-")
         cells.append(mesh_cell(c))

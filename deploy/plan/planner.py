@@ -163,17 +163,6 @@ def env_requirements(host: Host, requirements_sha256: str | None) -> str | None:
     return requirements_sha256
 
 
-def host_agent(host: Host, rundir: str, verb: str, *args: str,
-               tail: tuple[str, ...] = ()) -> Command:
-    """`<python> -I <rundir>/tfdeploy-host.zip VERB RUNDIR ARGS... [-- TAIL...]`: the host
-    package, unpacked by the push, doing one verb on the run as a command of its own (inv
-    setup's steps). `args` and `tail` are words as the caller means them: a path on the host
-    is a HostPath."""
-    words = (HostPath(host.python), "-I", HostPath(in_run(rundir, layout.HOST_ZIP)), verb,
-             HostPath(rundir), *args)
-    return Command(words + (("--", *tail) if tail else ()))
-
-
 def host_offsets(hp: "HostPlan", offsets: Mapping[int, int]) -> dict[str, int]:
     """The offsets (by task index) of the host's tasks, by the keys the host knows them by."""
     return {t.key: offsets[t.index] for t in hp.tasks}
@@ -202,11 +191,6 @@ def cleanup_request(host: Host, rundir: str, grace: float) -> Request:
     home) still uses it; a host that never got the run (its push failed) has nothing to clean
     and answers so, instead of failing."""
     return Request(CleanupRequest(HostPath(rundir), grace, host.name))
-
-
-def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
-    """The same as a command of its own, for inv setup's run directory."""
-    return host_agent(host, rundir, "cleanup", f"{grace:g}", host.name)
 
 
 def fetch_output_request(rundir: str, limits: Limits) -> Request:

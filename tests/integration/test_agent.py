@@ -419,10 +419,10 @@ def test_cleanup_stops_the_run_and_removes_its_directory(host, rundir, tmp_path,
 def test_unknown_verb_fails(host, rundir):
     with pytest.raises(StepFailed, match="unknown request 'explode'"):
         host.ask(hostpkg.Unchecked("explode"))
-    # The host package's own command line has its few verbs and refuses the others.
+    # The host package's own command line has one verb (supervise) and refuses the others.
     done = subprocess.run([*hostpkg.command(rundir), "explode", str(rundir)],
                           capture_output=True, text=True, timeout=30)
-    assert done.returncode != 0 and "unknown verb" in done.stderr
+    assert done.returncode != 0 and "usage: supervise RUNDIR TASK -- ARGV" in done.stderr
 
 
 # ---- a planned run, pushed and launched through the local transport --------------------------
@@ -595,7 +595,7 @@ def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(host, rundir
     def step() -> None:
         try:
             hostenv.run_logged([sys.executable, "-c", "import time; time.sleep(60)"],
-                               str(rundir))
+                               str(rundir), lambda event: None)
         except BaseException as exc:       # its group was stopped under it: expected
             ended.append(exc)
     thread = threading.Thread(target=step)

@@ -297,13 +297,13 @@ def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(
 def build_as_holder(envdir: str, want: dict, held, release) -> None:
     """Another host sharing the workdir: it takes the build lock, builds (a fake environment),
     and lets go when told."""
-    with hostenv.build_lock(envdir, "h1"):
+    with hostenv.build_lock(envdir, "h1", lambda event: None):
         held.set()
         release.wait(30)
         fake_env(Path(envdir), want)
 
 
-def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_path, capsys):
+def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_path):
     """h1 builds; h2 (another process, as another host) finds the environment missing, waits
     for the lock saying whose build it waits for, then reuses what h1 built."""
     rundir = tmp_path / "work" / "runs" / "setup-1-h2"
@@ -316,11 +316,11 @@ def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_p
     held, release = ctx.Event(), ctx.Event()
     holder = ctx.Process(target=build_as_holder, args=(str(envdir), want, held, release))
     holder.start()
-    done = []
+    done, told = [], []
     try:
         assert held.wait(10)
         waiter = threading.Thread(target=lambda: done.append(
-            hostenv.setup(str(rundir), str(envdir), "h2", False)))
+            hostenv.setup(str(rundir), "h2", False, told.append, str(envdir))))
         with mock.patch.object(hostenv, "WAIT_POLL", 0.05):
             waiter.start()
             time.sleep(0.5)
@@ -331,8 +331,7 @@ def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_p
         release.set()
         holder.join()
     assert done[0]["reused"] is True and done[0]["env"] == str(envdir)
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    texts = [line.get("text", "") for line in lines]
+    texts = [event.get("text", "") for event in told]
     assert any(t.startswith("waiting for h1, which builds this environment (") for t in texts)
     assert texts[-1] == "environment built meanwhile: reusing it"
     assert (envdir.parent / "e.lock").read_text() == "h2"     # the last holder's name

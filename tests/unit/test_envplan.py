@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shlex
 import sys
 
 import pytest
@@ -19,7 +18,7 @@ from deploy.host.layout import RUN_ID as RUN_ID_PATTERN
 from deploy.host.layout import host_run_id
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, plan_run
-from deploy.plan.envbuild import WORKDIR_CHECK, plan_setup
+from deploy.plan.envbuild import plan_setup
 from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"
@@ -119,15 +118,17 @@ def test_setup_plan_commands(inventory):
     assert plain.run_id == f"setup-{RUN_ID}-plain" and RUN_ID_PATTERN.match(plain.run_id)
     assert len({hp.run_dir for hp in plan.hosts}) == len(plan.hosts)
     assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}-plain"
-    # The workdir is checked first, by the host's python, before anything is written.
-    check = f"python3 -I -S -c {shlex.quote(WORKDIR_CHECK)} ~/.tfdeploy && "
-    assert plain.status.line.startswith(check + f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
-    assert plain.status.line.endswith(f" envstatus {plain.run_dir}")
-    assert plain.build.line.endswith(f" setup {plain.run_dir} plain wheelhouse")
+    # Every step is a request to the host's agent, which checks the workdir before the status
+    # request's stage is written; only the wheelhouse streams into `tar`.
+    assert plain.status.shown() == (f"agent: env-status rundir={plain.run_dir}    "
+                                    "< tar.gz of run.json and requirements.txt")
+    assert plain.build.shown() == \
+        f"agent: env-build rundir={plain.run_dir} host=plain wheelhouse=true"
+    assert plain.build.wire()["home"] == ["rundir"]
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"
-    assert f" cleanup {plain.run_dir} " in plain.cleanup.line
+    assert plain.cleanup.shown() == f"agent: cleanup rundir={plain.run_dir} grace=1.0 host=plain"
     bare = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=False).hosts[0]
-    assert bare.build.line.endswith(f" setup {plain.run_dir} plain")
+    assert bare.build.message.wheelhouse is False
 
 
 def test_a_host_run_id_is_a_run_id_whatever_the_host_is_called():

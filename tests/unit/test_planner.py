@@ -16,7 +16,7 @@ import pytest
 
 from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.plan.planner import (
-    AGENT_BOOT, Options, agent_command, cleanup_command, cleanup_request, credit_request,
+    AGENT_BOOT, Options, agent_command, cleanup_request, credit_request,
     follow_request, plan_run, poll_request, receive_request, stop_request
 )
 from deploy.plan.text import plan_document, plan_text
@@ -287,9 +287,6 @@ def test_requests_name_the_run_dir_and_the_agent_its_command():
     assert credit_request(7).wire() == {"verb": "credit", "fields": {"follow": 7}, "home": []}
     assert cleanup_request(b.host, b.run_dir, 3.0).shown() == \
         f"agent: cleanup rundir={b.run_dir} grace=3.0 host=b"
-    # inv setup's run directory is cleaned by a command of its own.
-    assert cleanup_command(b.host, b.run_dir, 3.0).line == (
-        f"~/venv/bin/python -I {b.run_dir}/tfdeploy-host.zip cleanup {b.run_dir} 3 b")
 
 
 @pytest.mark.parametrize("name", ["lab", "lab_ports"])

@@ -16,18 +16,18 @@ import pytest
 
 from deploy.host.frames import Bounds, FrameError, read_frame
 from deploy.host.protocol import (
-    REQUESTS, Beat, CleanupRequest, Connect, CreditRequest, DataPushRequest, DataReceiveRequest,
-    EnvStatus, FollowRequest, Freed, HostRequest, LaunchRequest, Launched, MeshCloseRequest,
-    MeshDialRequest, MeshDialed, MeshListening, MeshListenRequest, MeshResult, PollRequest,
-    PortsRequest, Probe, ProbeRequest, ProtocolError, PruneRequest, Pruned, Pushed, PushRequest,
-    ReceiveRequest, ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TarOutRequest, Tasks,
-    TaskStatus, Unpacked, answer_type, decode_request, error_of
+    REQUESTS, Beat, CleanupRequest, Connect, CreditRequest, DataPushRequest,
+    DataReceiveRequest, EnvBuildRequest, EnvStatus, EnvStatusRequest, FollowRequest, Freed,
+    HostRequest, LaunchRequest, Launched, MeshCloseRequest, MeshDialRequest, MeshDialed,
+    MeshListenRequest, MeshListening, MeshResult, PollRequest, PortsRequest, Probe,
+    ProbeRequest, ProtocolError, PruneRequest, Pruned, PushRequest, Pushed, ReceiveRequest,
+    ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TarOutRequest, TaskStatus, Tasks,
+    Unpacked, answer_type, decode_request, error_of
 )
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.cluster.hostagent import HostAgent, StepFailed
 from deploy.transport.base import CommandResult
-from deploy.state.envprogress import setup_event
 
 TASK = {"state": "exited", "size": 3, "offset": 3, "pid": 41, "started": 1.5, "code": 0,
         "ended": 2.5}
@@ -148,12 +148,12 @@ def test_beats_errors_and_setup_lines_are_checked_too():
     with pytest.raises(ProtocolError, match="bad answer to push: error is not text"):
         error_of({"error": ["x"]}, "push")
     assert EnvStatus.decode({"ready": False, "env": "/e"}) == EnvStatus(False, "/e")
-    assert setup_event(b'{"event": "done", "reused": true, "env": "/e", "versions": '
-                       b'{"numpy": "2"}}') == SetupEvent("done", reused=True, env="/e",
-                                                         versions={"numpy": "2"})
-    assert setup_event(b"Collecting numpy") == SetupEvent("log", text="Collecting numpy")
-    bad = setup_event(b'{"event": "step", "text": ["\\u001b[2J"]}')
-    assert bad.event == "error" and "text is not text: ['\\x1b[2J']" in bad.message
+    done = SetupEvent.decode({"event": "done", "reused": True, "env": "/e",
+                              "versions": {"numpy": "2"}})
+    assert done == SetupEvent("done", reused=True, env="/e", versions={"numpy": "2"})
+    assert done.end and not SetupEvent("log", text="Collecting numpy").end
+    with pytest.raises(ProtocolError, match=r"text is not text: \['\\x1b\[2J'\]"):
+        SetupEvent.decode({"event": "step", "text": ["\x1b[2J"]})
 
 
 # --- the reader -------------------------------------------------------------------------------
@@ -301,6 +301,8 @@ SAMPLES = [
     TarOutRequest("/w/runs/r1/output", 1 << 30, 10000),
     ReplaceBackupRequest("/w/runs/r1", 1 << 30, 10000),
     PruneRequest(HostPath("~/w"), "a", 7.0, True),
+    EnvStatusRequest(HostPath("~/w/runs/setup-1-a")),
+    EnvBuildRequest(HostPath("~/w/runs/setup-1-a"), "a", True),
 ]
 
 
