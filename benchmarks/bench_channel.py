@@ -25,6 +25,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]   # this checkout's deploy/, the
 from sshlab import SshLab  # noqa: E402
 
 from deploy.inventory.load import load_inventory  # noqa: E402
+from deploy.host.protocol import PortsRequest  # noqa: E402
 from deploy.plan.command import Request  # noqa: E402
 from deploy.cluster.hostagent import HostAgent  # noqa: E402
 from deploy.cluster.session import Session, gather  # noqa: E402
@@ -32,7 +33,7 @@ from deploy.transport.base import PRIVATE  # noqa: E402
 from deploy.transport.local import LocalStream  # noqa: E402
 
 FIRST_OCTET = 110
-PORTS = Request("ports", ("2",))
+PORTS = Request(PortsRequest(2))
 
 
 class SshProgramStream(LocalStream):

@@ -3,11 +3,15 @@ host's agent started locally exactly as the controller starts one (deploy/cluste
 the local transport: real processes and pipes, no network)."""
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.host import venv
 from deploy.host.archive import Limits
 from deploy.host.layout import HOST_ZIP
+from deploy.host.protocol import HostRequest
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
@@ -36,6 +40,20 @@ def local_host(workdir: str = "~/.tfdeploy", name: str = "h") -> Host:
         f"python: '{sys.executable}'}}\n", "hosts.yaml", {}).hosts[0]
 
 
+@dataclass(frozen=True)
+class Unchecked(HostRequest):
+    """A request as a broken or foreign controller may send it: any verb, any fields."""
+    raw_verb: str
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def verb(self):
+        return self.raw_verb
+
+    def fields(self):
+        return self.raw
+
+
 class LocalAgent:
     """A host's agent on this machine; ask() sends a request and waits for its answer
     (StepFailed when the host answers with an error)."""
@@ -45,10 +63,9 @@ class LocalAgent:
         self.transport = LocalTransport(self.host)
         self.agent = HostAgent(self.host, self.transport)
 
-    def ask(self, verb: str, *args: str, body: bytes = b"", timeout: float = 30,
-            **env: str):
-        return self.agent.ask(Request(verb, tuple(map(str, args))), verb, body,
-                              **env).wait(timeout)
+    def ask(self, request: HostRequest, body: bytes = b"", timeout: float = 30, **env: str):
+        """`request`'s answer; `env`: the launch's environment."""
+        return self.agent.ask(Request(request), request.verb, body, **env).wait(timeout)
 
     def close(self) -> None:
         self.agent.close()
@@ -67,3 +84,10 @@ def fetched(agent: HostAgent, request: Request, folder: Path, limits: Limits = L
         agent.ask(request, "fetch", into=spool).wait(30)
         archive = spool.ready(agent.host.label, "fetch")
         return archive.read() if archive is not None else b""
+
+
+def fake_env(root: Path, want: dict) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
+    (root / venv.MARKER).write_text(json.dumps(want))
+    return root

@@ -20,7 +20,9 @@ from typing import BinaryIO, Callable, Iterable, Union
 import deploy.host.boot
 from deploy.errors import Failure
 from deploy.host.frames import HEADER_ONLY, PIECE, Bounds, FrameError, read_frame
-from deploy.host.protocol import LOG_CHUNK, Answer, Beat, ProtocolError, answer_type, error_of
+from deploy.host.protocol import (
+    LOG_CHUNK, Answer, Beat, FollowRequest, PollRequest, ProtocolError, error_of
+)
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.plan.planner import agent_command
@@ -53,9 +55,8 @@ def answer_bounds(request: Request, into=None) -> Bounds:
     """What an answer to `request` may carry (frames.py): log bytes of the tasks it asks
     about, at most one chunk each (poll, follow); a body only where it is an archive, and
     then into a file (`into`, with its `limit`), never memory; else the header alone."""
-    if request.verb in ("poll", "follow"):
-        return Bounds(tasks=frozenset(word.rpartition(":")[0] for word in request.args[1:]),
-                      chunk=LOG_CHUNK)
+    if isinstance(request.message, (PollRequest, FollowRequest)):
+        return Bounds(tasks=frozenset(request.message.offsets), chunk=LOG_CHUNK)
     if into is not None:
         return Bounds(body=into.limit, into=into)
     return HEADER_ONLY
@@ -81,7 +82,7 @@ class Reply:
                  on_frame: Callable[[Answer], None] | None = None,
                  on_end: Callable[["Reply"], None] | None = None, into=None):
         self.agent, self.step, self.on_frame, self.on_end = agent, step, on_frame, on_end
-        self.verb = request.verb
+        self.verb, self.answer_type = request.verb, request.message.answer
         self.bounds = answer_bounds(request, into)
         self.done = threading.Event()
         self.answer: Answer | None = None
@@ -257,7 +258,7 @@ class HostAgent:
         still sends is read within its bounds, and dropped."""
         try:
             error = error_of(doc, reply.verb)
-            answer = None if error is not None else answer_type(reply.verb).decode(
+            answer = None if error is not None else reply.answer_type.decode(
                 doc, reply.verb)
             bad = False
         except ProtocolError as exc:

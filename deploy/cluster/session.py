@@ -8,7 +8,6 @@ deadline for the whole step: a host that has not answered by then is reported as
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import tarfile
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Hashable, Iterable, Mapping
 
 from deploy.host.archive import ROOM_MARGIN, Limits, Refused, size, survey, unpack
-from deploy.host.protocol import Answer, ProtocolError, TaskStatus, quoted
+from deploy.host.protocol import TaskStatus, quoted
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Request
 from deploy.plan.planner import (
@@ -28,7 +27,7 @@ from deploy.plan.planner import (
 from deploy.plan.ports import choose_ports, task_ports
 from deploy.cluster.hostagent import Body, HostAgent, StepFailed
 from deploy.cluster.parallel import HostsFailed, on_all, on_each
-from deploy.transport.base import OUTPUT_LIMIT, CommandResult, Transport
+from deploy.transport.base import CommandResult, Transport
 from deploy.transport.connect import connect
 
 
@@ -36,38 +35,6 @@ def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
     if result.code != 0:
         raise StepFailed(f"{host.label}: {step} failed: {result.error_text()}")
     return result
-
-
-# A command of its own (inv setup's steps) answers with one JSON object on its last line; past
-# what such a command may print (transport.py) it is not an answer.
-MAX_ANSWER_BYTES = OUTPUT_LIMIT
-
-
-def agent_answer(result: CommandResult, host: Host, step: str, kind: type[Answer]) -> Answer:
-    """A command's answer (agent_json) as its type (deploy/host/protocol.py), or StepFailed
-    naming the host and the field that does not fit."""
-    doc = agent_json(result, host, step)
-    try:
-        return kind.decode(doc, step)
-    except ProtocolError as exc:
-        raise StepFailed(f"{host.label}: {exc}") from None
-
-
-def agent_json(result: CommandResult, host: Host, step: str) -> dict:
-    """The agent's answer: its last line as a JSON object, or StepFailed naming the host and
-    quoting the first bytes of what came instead."""
-    checked(result, host, step)
-    lines = result.stdout.strip().splitlines()
-    try:
-        if not lines or len(lines[-1]) > MAX_ANSWER_BYTES:
-            raise ValueError
-        doc = json.loads(lines[-1])
-    except (ValueError, RecursionError):
-        doc = None
-    if not isinstance(doc, dict):
-        raise StepFailed(f"{host.label}: {step}: unexpected answer "
-                         f"{result.stdout[:200]!r}") from None
-    return doc
 
 
 # Where the limit of an archive from a host is set (tasks.py), for the refusal's message.
@@ -179,12 +146,11 @@ class Session:
         self.transports, self.agents = dict(transports), dict(agents)
 
     @classmethod
-    def open(cls, inventory: Inventory, connect_timeout: float, accept_new_host_keys: bool,
-             agents: bool = True) -> "Session":
-        """Log in to every host and start its agent (`agents`: not for a task whose steps are
-        commands of their own, inv setup's), or raise HostsFailed naming every failure."""
-        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys,
-                                        agents)
+    def open(cls, inventory: Inventory, connect_timeout: float,
+             accept_new_host_keys: bool) -> "Session":
+        """Log in to every host and start its agent, or raise HostsFailed naming every
+        failure."""
+        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
         if errors:
             session.close()
             raise HostsFailed("connecting", errors)
@@ -192,19 +158,18 @@ class Session:
 
     @classmethod
     def open_each(cls, hosts: Iterable[Host], connect_timeout: float,
-                  accept_new_host_keys: bool, agents: bool = True,
-                  ) -> tuple["Session", dict[str, BaseException]]:
+                  accept_new_host_keys: bool) -> tuple["Session", dict[str, BaseException]]:
         """Log in to every host and start its agent; the hosts where that failed, and why."""
-        def start(host: Host) -> tuple[Transport, HostAgent | None]:
+        def start(host: Host) -> tuple[Transport, HostAgent]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
             try:
-                return transport, HostAgent(host, transport) if agents else None
+                return transport, HostAgent(host, transport)
             except BaseException:
                 transport.close()
                 raise
         results, errors = on_each(hosts, lambda h: h.name, start)
         return cls({n: t for n, (t, _) in results.items()},
-                   {n: a for n, (_, a) in results.items() if a is not None}), errors
+                   {n: a for n, (_, a) in results.items()}), errors
 
     def close(self) -> None:
         for agent in self.agents.values():

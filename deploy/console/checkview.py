@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from deploy.console.plain import plain
+from deploy.host.probe import PACKAGES
 from deploy.plan.checks import CheckReport, rows
 
 
@@ -15,7 +16,7 @@ def report_view(report: CheckReport) -> Group:
     numbers = {p: i + 1 for i, p in enumerate(report.all_problems)}
     table = Table(title=f"check: {len(report.hosts)} host(s), {report.seconds:.1f} s",
                   title_justify="left")
-    for column in ("host", "address", "python", "tensorflow", "tf_keras", "numpy", "disk free",
+    for column in ("host", "address", "python", *PACKAGES, "disk free",
                    "ports", "mesh", "problems"):
         # Versions and sizes stay whole; long cells (addresses, port lists) fold.
         folds = column in ("address", "ports", "mesh", "problems")

@@ -6,10 +6,11 @@ from rich.table import Table
 from rich.text import Text
 
 from deploy.console.plain import plain
+from deploy.host.probe import PACKAGES
 from deploy.plan.envbuild import SetupPlan
 from deploy.state.envprogress import HostProgress
 
-VERSION_COLUMNS = ("python", "tensorflow", "tf_keras", "numpy")
+VERSION_COLUMNS = ("python", *PACKAGES)
 
 
 STATE_STYLES = {"checking": "dim", "building": "yellow", "built": "green", "reused": "green",

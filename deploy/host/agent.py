@@ -1,10 +1,10 @@
 """The agent: one Python process per host per run, started once on the run's one channel (an
 SSH session, or a pipe for `transport: local`), that takes every later step as a request.
 
-Requests come on stdin as frames (frames.py): {"id", "verb", "args", "home", "env"} and a body.
-`home` lists the args that are paths on this host (a leading ~ is this host's home). Each is
-answered by frames carrying its "id": the verb's document, or {"error": ...}; a follow answers
-with a frame per change and then {"end": true}. Every BEAT seconds the agent also sends
+Requests come on stdin as frames (frames.py): {"id", "verb", "fields", "home", "env"} and a
+body, each decoded into its typed request (protocol.py) and handed to the handler of its type
+(HANDLERS). Each is answered by frames carrying its "id": the verb's document, or
+{"error": ...}; a follow answers with a frame per change and then {"end": true}. Every BEAT seconds the agent also sends
 {"beat": ...}, whatever else it is doing, so the controller can tell a host that stopped
 answering from one with nothing to say.
 
@@ -23,10 +23,15 @@ import sys
 import threading
 import time
 
-from deploy.host import archive, cache, datatree, envkey, probe, prune, tasks, teardown
+from deploy.host import archive, cache, datatree, envkey, probe, prune, tasks, teardown, venv
 from deploy.host.frames import FrameError, read_frame, write_frame
-from deploy.host.layout import BACKUP, in_run
-from deploy.host.main import parse_offsets, task_arg
+from deploy.host.layout import BACKUP, checked_task_key, in_run
+from deploy.host.protocol import (
+    CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
+    EnvStatusRequest, FollowRequest, HostError, LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest,
+    PollRequest, PortsRequest, ProbeRequest, PruneRequest, PushRequest, ReceiveRequest,
+    ReplaceBackupRequest, StopRequest, TarOutRequest, decode_request
+)
 from deploy.host.rundir import run_id_of
 from deploy.host.stage import StageError, unpack_stage
 
@@ -37,7 +42,7 @@ WINDOW = 4
 # How much lower a follow runs than the tasks (yield_to_tasks).
 FOLLOW_NICENESS = 10
 # Errors a verb reports as its answer; anything else is a bug, reported with its type.
-EXPECTED = (OSError, ValueError, KeyError, SystemExit, cache.CacheError, StageError,
+EXPECTED = (OSError, ValueError, KeyError, HostError, cache.CacheError, StageError,
             subprocess.SubprocessError, archive.Refused)
 
 
@@ -62,24 +67,25 @@ def beat(channel):
         time.sleep(BEAT)
 
 
-class Mesh:
-    """The mesh probe of `inv check`, driven in phases by requests: listen (starts it), dial,
-    close. Each phase's request is answered by what the probe says next."""
+class Call:
+    """One request as its handler sees it: the typed request, its id, the bytes that came with
+    it and the launch's environment, and what the agent keeps between requests."""
+
+    def __init__(self, agent, id, request, body, env):
+        self.agent, self.id, self.request, self.body, self.env = agent, id, request, body, env
+
+    def send(self, doc, chunks=None):
+        """A frame of this request's answer (a follow's, a mesh phase's), before its last."""
+        self.agent.channel.send(dict(doc, id=self.id), chunks)
+
+
+class Agent:
+    """What lives between requests: the channel, the mesh probe being driven, and the
+    credits of each running follow (by the follow's request id)."""
 
     def __init__(self, channel):
-        self.channel, self.lines, self.asking = channel, queue.Queue(), None
-
-    def say(self, doc):
-        self.channel.send(dict(doc, id=self.asking))
-
-    def listen(self, request, spec):
-        self.asking = request
-        done = probe.mesh(spec, self.lines, self.say)
-        self.channel.send(dict(done, id=self.asking))
-
-    def next(self, request, phase):
-        self.asking = request
-        self.lines.put(phase)
+        self.channel, self.follows = channel, {}
+        self.mesh_lines, self.mesh_asking = queue.Queue(), None
 
 
 def yield_to_tasks():
@@ -94,145 +100,191 @@ def yield_to_tasks():
             pass
 
 
-def expanded(request):
-    """The request's words, its paths (HostPath, plan/command.py) with a leading `~` or `~/`
-    as this host's home, as a shell expands them; `~user/` stays as it is, as quoted."""
-    args = [str(a) for a in request.get("args", [])]
-    for i in request.get("home", []):
-        if args[i] == "~" or args[i].startswith("~/"):
-            args[i] = os.path.expanduser(args[i])
-    return args
-
-
-def probe_host(args, body):
+def probe_host(call):
     """The probe, by this host's `inv setup` environment's interpreter where one was built for
     the requirements named (what the tasks will run: its package versions count), else by
     this one."""
-    workdir, count, data_dir, requirements = args
-    data_dir = data_dir or None
-    env_python = envkey.env_python(workdir, requirements) if requirements else None
+    request = call.request
+    env_python = envkey.env_python(request.workdir, request.requirements) \
+        if request.requirements else None
     if env_python and os.access(env_python, os.X_OK):
-        done = subprocess.run([env_python, "-I", "-", "probe", workdir, count] +
-                              ([data_dir] if data_dir else []), input=body,
+        asked = {"workdir": request.workdir, "count": request.ports, "data": request.data_dir}
+        done = subprocess.run([env_python, "-I", "-", json.dumps(asked)], input=call.body,
                               capture_output=True, timeout=120)
         if done.returncode:
-            raise ValueError("%s: %s" % (env_python, done.stderr.decode("utf-8", "replace")
-                                         .strip().splitlines()[-1:] or done.returncode))
+            raise HostError("%s: %s" % (env_python, done.stderr.decode("utf-8", "replace")
+                                        .strip().splitlines()[-1:] or done.returncode))
         return json.loads(done.stdout)
-    return probe.probe(workdir, int(count), data_dir)
+    return probe.probe(request.workdir, request.ports, request.data_dir)
 
 
-def stage(verb, args, body):
-    """A push's stage: unpack it, then answer what the cache lacks (`push`: the payload,
-    `data-push`: a data directory) and the room left where the files would go: the
-    controller sends nothing to a host without room for what it lacks."""
-    rundir = args[0]
-    riders = unpack_stage(rundir, body)
-    if verb == "push":
-        cache_dir = args[1]
-        answer = pushing("payload", verb, cache_dir, args[2:3],
-                         lambda: cache.want(rundir, cache_dir, args[2:4] or None, riders))
-    else:
-        cache_dir = args[2]
-        answer = pushing("data", verb, cache_dir, (),
-                         lambda: datatree.want(rundir, args[1], cache_dir))
-    return dict(answer, **cache.room(cache_dir))
+def ports(call):
+    return {"ports": probe.free_ports(call.request.count)}
 
 
-def receive(verb, args, stream):
-    if verb == "receive":
-        return pushing("payload", verb, args[1], args[2:3],
-                       lambda: cache.receive(args[0], args[1], stream))
-    return pushing("data", verb, args[2], (),
-                   lambda: datatree.receive(args[0], args[1], args[2], stream))
+def mesh_listen(call):
+    """The mesh probe of `inv check`, driven in phases by requests: listen (starts it), dial,
+    close. Each phase's request is answered by what the probe says next."""
+    agent = call.agent
+    agent.mesh_asking = call.id
+
+    def say(doc):
+        agent.channel.send(dict(doc, id=agent.mesh_asking))
+    spec = {f: getattr(call.request, f) for f in (
+        "host", "nonce", "window", "attempt", "listen", "targets", "driven")}
+    done = probe.mesh(spec, agent.mesh_lines, say)
+    agent.channel.send(dict(done, id=agent.mesh_asking))
 
 
-def pushing(what, verb, cache_dir, host, work):
+def mesh_next(call):
+    call.agent.mesh_asking = call.id
+    call.agent.mesh_lines.put("dial" if isinstance(call.request, MeshDialRequest) else "close")
+
+
+def payload_push(call):
+    """A push's stage: unpack it, then answer what the cache lacks and the room left where the
+    files would go: the controller sends nothing to a host without room for what it lacks."""
+    request = call.request
+    riders = unpack_stage(request.rundir, call.body)
+    member = (request.host, request.tasks or "") if request.host else None
+    answer = pushing("payload", call, request.cache_dir, lambda: cache.want(
+        request.rundir, request.cache_dir, member, riders))
+    return dict(answer, **cache.room(request.cache_dir))
+
+
+def data_push(call):
+    request = call.request
+    unpack_stage(request.rundir, call.body)
+    answer = pushing("data", call, request.cache_dir, lambda: datatree.want(
+        request.rundir, request.data_dir, request.cache_dir))
+    return dict(answer, **cache.room(request.cache_dir))
+
+
+def receive(call, stream):
+    """The files a push lacked, read from the channel itself (they follow the request)."""
+    request = call.request
+    if isinstance(request, ReceiveRequest):
+        return pushing("payload", call, request.cache_dir,
+                       lambda: cache.receive(request.rundir, request.cache_dir, stream))
+    return pushing("data", call, request.cache_dir, lambda: datatree.receive(
+        request.rundir, request.data_dir, request.cache_dir, stream))
+
+
+def pushing(what, call, cache_dir, work):
     """`work`'s answer; a failure in words a user acts on (a full disk names where)."""
     try:
         return work()
     except (cache.CacheError, OSError, ValueError, KeyError) as exc:
-        raise StageError(cache.failure(what, verb, exc, cache_dir, *host)) from None
+        host = getattr(call.request, "host", None)
+        raise StageError(cache.failure(what, call.request.verb, exc, cache_dir,
+                                       *([host] if host else []))) from None
 
 
-def replace_backup(rundir, limits, body):
-    """Replace the run's backup/ with the tar.gz `body` (another host's: unpacked as
-    archive.py unpacks, nothing outside backup/); only <rundir>/backup is deleted, inside a
-    directory that is provably a run's. Answers what was unpacked and what was skipped."""
-    run_id_of(rundir)
-    backup = in_run(rundir, BACKUP)
+def launch(call):
+    request = call.request
+    return tasks.launch(request.rundir, checked_task_key(request.task), request.cwd,
+                        list(request.argv), request.requirements, dict(call.env))
+
+
+def offsets(request):
+    return {checked_task_key(task): offset for task, offset in request.offsets.items()}
+
+
+def poll(call):
+    known = tasks.statuses(call.request.rundir, offsets(call.request))
+    return {"tasks": {task: status for task, (status, _) in known.items()},
+            "chunks": {task: data for task, (_, data) in known.items() if data}}
+
+
+def follow(call):
+    yield_to_tasks()
+    follows = call.agent.follows
+    credits = follows[call.id] = threading.Semaphore(WINDOW)
+
+    def send(doc, chunks):
+        credits.acquire()
+        call.send(doc, chunks)
+    try:
+        tasks.follow(call.request.rundir, offsets(call.request), send)
+    finally:
+        follows.pop(call.id, None)
+    return {"end": True}
+
+
+def credit(call):
+    # Sent for a frame the follow sent, so after it started; it may have ended since.
+    credits = call.agent.follows.get(call.request.follow)
+    if credits is not None:
+        credits.release()
+
+
+def ending(call):
+    """Stop (or clean up) the run here. A host that never got the run (its push failed), or
+    whose teardown is done already, has nothing to end, and says so."""
+    request = call.request
+    if not os.path.isdir(request.rundir):
+        return {"signalled": {}, "survivors": [], "absent": True}
+    if isinstance(request, StopRequest):
+        return teardown.stop(request.rundir, request.grace)
+    return teardown.cleanup(request.rundir, request.grace, request.host)
+
+
+def tar_out(call):
+    request = call.request
+    return {"body": archive.pack(request.folder,
+                                 archive.Limits(request.max_bytes, request.max_members))}
+
+
+def replace_backup(call):
+    """Replace the run's backup/ with the tar.gz that came with the request (another host's:
+    unpacked as archive.py unpacks, nothing outside backup/); only <rundir>/backup is deleted,
+    inside a directory that is provably a run's. Answers what was unpacked and what was
+    skipped."""
+    request = call.request
+    run_id_of(request.rundir)
+    backup = in_run(request.rundir, BACKUP)
     shutil.rmtree(backup, ignore_errors=True)
-    done = archive.unpack(io.BytesIO(body), backup, limits)
+    done = archive.unpack(io.BytesIO(call.body), backup,
+                          archive.Limits(request.max_bytes, request.max_members))
     return {"files": done.files, "skipped": done.skipped, "skipped_count": done.skipped_count}
 
 
-def ending(verb, args):
-    """Stop (or clean up) the run here. A host that never got the run (its push failed), or
-    whose teardown is done already, has nothing to end, and says so."""
-    rundir = args[0]
-    if not os.path.isdir(rundir):
-        return {"signalled": {}, "survivors": [], "absent": True}
-    if verb == "stop":
-        return teardown.stop(rundir, float(args[1]))
-    return teardown.cleanup(rundir, float(args[1]), *args[2:3])
+def pruning(call):
+    request = call.request
+    return prune.prune(request.workdir, request.host, json.loads(call.body),
+                       request.older_than, dry=request.dry_run)
 
 
-def answer(request, args, channel, mesh, follows):
-    verb, body = request.get("verb"), request.get("body", b"")
-    if verb == "probe":
-        return probe_host(args, body)
-    if verb == "ports":
-        return {"ports": probe.free_ports(int(args[0]))}
-    if verb == "mesh-listen":
-        return mesh.listen(request["id"], json.loads(args[0]))
-    if verb in ("mesh-dial", "mesh-close"):
-        return mesh.next(request["id"], verb[len("mesh-"):])
-    if verb in ("push", "data-push"):
-        return stage(verb, args, body)
-    if verb == "launch":
-        env = dict(request.get("env", {}))
-        rundir, task, cwd = args[0], task_arg(args[1]), args[2]
-        tail = args[args.index("--") + 1:]
-        head = args[:args.index("--")]
-        return tasks.launch(rundir, task, cwd, tail, head[3] if len(head) > 3 else None, env)
-    if verb == "poll":
-        known = tasks.statuses(args[0], parse_offsets(args[1:]))
-        return {"tasks": {task: status for task, (status, _) in known.items()},
-                "chunks": {task: data for task, (_, data) in known.items() if data}}
-    if verb == "follow":
-        yield_to_tasks()
-        credits = follows[request["id"]] = threading.Semaphore(WINDOW)
-
-        def send(doc, chunks):
-            credits.acquire()
-            doc["id"] = request["id"]
-            channel.send(doc, chunks)
-        try:
-            tasks.follow(args[0], parse_offsets(args[1:]), send)
-        finally:
-            follows.pop(request["id"], None)
-        return {"end": True}
-    if verb == "credit":
-        # Sent for a frame the follow sent, so after it started; it may have ended since.
-        credits = follows.get(int(args[0]))
-        if credits is not None:
-            credits.release()
-        return None
-    if verb in ("stop", "cleanup"):
-        return ending(verb, args)
-    if verb == "tar-out":
-        return {"body": archive.pack(args[0], archive.Limits.of_words(args[1:3]))}
-    if verb == "replace-backup":
-        return replace_backup(args[0], archive.Limits.of_words(args[1:3]), body)
-    if verb == "prune":
-        return prune.prune(args[0], args[1], json.loads(body), float(args[2]),
-                           dry=args[3] == "dry")
-    raise ValueError("unknown request %r" % verb)
+def env_status(call):
+    """inv setup's stage unpacked (after the workdir check), then whether this host's
+    environment for its requirements.txt is ready."""
+    unpack_stage(call.request.rundir, call.body)
+    return venv.envstatus(call.request.rundir)
 
 
-def respond(request, channel, work):
+def env_build(call):
+    request = call.request
+    return venv.setup(request.rundir, request.host, request.wheelhouse, call.send)
+
+
+# Each request type's handler: it returns the answer's document, or None when it answered by
+# itself (the mesh phases) or needs no answer (a credit).
+HANDLERS = {
+    ProbeRequest: probe_host, PortsRequest: ports,
+    MeshListenRequest: mesh_listen, MeshDialRequest: mesh_next, MeshCloseRequest: mesh_next,
+    PushRequest: payload_push, DataPushRequest: data_push,
+    LaunchRequest: launch, PollRequest: poll, FollowRequest: follow, CreditRequest: credit,
+    StopRequest: ending, CleanupRequest: ending,
+    TarOutRequest: tar_out, ReplaceBackupRequest: replace_backup, PruneRequest: pruning,
+    EnvStatusRequest: env_status, EnvBuildRequest: env_build,
+}
+# Requests whose files follow them on the channel: handled in the reading thread.
+STREAMED = (ReceiveRequest, DataReceiveRequest)
+
+
+def respond(frame, channel, work):
     """Run `work` and send its answer (or the error) under the request's id; the answer's
-    "body" and "chunks" (task -> log bytes) travel as bytes (frames.py). None: the verb
+    "body" and "chunks" (task -> log bytes) travel as bytes (frames.py). None: the request
     answers by itself (the mesh phases) or not at all (a credit). False when it failed."""
     try:
         doc = work()
@@ -245,7 +297,7 @@ def respond(request, channel, work):
     if doc is None:
         return True
     body, chunks = doc.pop("body", b""), doc.pop("chunks", None)
-    channel.send(dict(doc, id=request["id"]), chunks, body)
+    channel.send(dict(doc, id=frame.get("id")), chunks, body)
     return "error" not in doc
 
 
@@ -254,24 +306,33 @@ def serve(stdin, stdout):
     os.umask(0o077)
     channel = Channel(stdout)
     threading.Thread(target=beat, args=(channel,), daemon=True).start()
-    mesh = Mesh(channel)
-    follows = {}      # a running follow's id -> its credits
+    agent = Agent(channel)
     while True:
         try:
-            request = read_frame(stdin)
+            frame = read_frame(stdin)
         except (FrameError, OSError):
             break
-        if request is None:
+        if frame is None:
             break
-        args = expanded(request)
-        if request.get("verb") in ("receive", "data-receive"):
+        try:
+            call = Call(agent, frame.get("id"), decode_request(frame), frame.get("body", b""),
+                        dict(frame.get("env") or {}))
+        except (ValueError, KeyError, TypeError) as exc:
+            # A request this agent cannot read: its error, and the agent serves on. One
+            # whose files would follow leaves them to be read as requests: stop reading.
+            respond(frame, channel, lambda exc=exc: {"error": str(exc)})
+            if frame.get("verb") in ("receive", "data-receive"):
+                break
+            continue
+        if isinstance(call.request, STREAMED):
             # Its files follow on stdin: read here, before the next request. When they fail,
             # the rest of them would be read as requests: the agent stops reading instead
             # (the controller starts another for what follows).
-            if not respond(request, channel, lambda: receive(request["verb"], args, stdin)):
+            if not respond(frame, channel, lambda: receive(call, stdin)):
                 break
             continue
-        threading.Thread(target=respond, daemon=True, args=(
-            request, channel, lambda r=request, a=args: answer(r, a, channel, mesh, follows))).start()
+        handler = HANDLERS[type(call.request)]
+        threading.Thread(target=respond, daemon=True,
+                         args=(frame, channel, lambda c=call, h=handler: h(c))).start()
     sys.stdout.flush()
     os._exit(0)

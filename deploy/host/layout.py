@@ -31,6 +31,8 @@ Paths are joined with "/" so that a leading `~/` stays for the host's shell to e
 import hashlib
 import re
 
+from deploy.host.protocol import HostError
+
 RUNS = "runs"
 # What a run id looks like (the controller's new_run_id makes them): it names directories
 # here and on every host, so nothing else is taken for one.
@@ -112,6 +114,14 @@ def task_key_of(name):
     if kind not in TASK_TYPES or not index.isdigit() or index != str(int(index)):
         return None
     return task_key(kind, int(index))
+
+
+def checked_task_key(task):
+    """A task key as the controller sends it (task_key), refused when it is none: it becomes
+    a file name in the run directory."""
+    if task_key_of(task_name(task)) != task:
+        raise HostError("not a task: %r" % task)
+    return task
 
 
 def task_keys(filenames, kind):

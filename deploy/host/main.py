@@ -1,53 +1,30 @@
-"""The verbs of the host package as a program of its own: `python -I tfdeploy-host.zip VERB
-RUNDIR ARGS...`, for what runs apart from the run's agent (agent.py, which takes every step of
-a run as a request): the supervisor of each task, and the steps of `inv setup`.
-
-Each verb prints one JSON document on stdout (setup: a stream of JSON lines).
-    supervise RUNDIR TASK -- ARGV...    (internal) runs ARGV, records its exit code
-    cleanup RUNDIR GRACE [HOST]         stop, then delete the run directory once no other host
-                                        sharing it (the same workdir) uses it
-    envstatus RUNDIR                    whether inv setup's environment for the run
-                                        directory's requirements.txt is ready on this host
-    setup RUNDIR HOST [wheelhouse]      build it, once for hosts sharing the workdir (venv.py,
-                                        envkey.py)
-"""
-import json
+"""The host package as a program of its own: `python -I tfdeploy-host.zip supervise RUNDIR
+TASK -- ARGV...`, the one thing that must outlive the run's agent (agent.py, which takes every
+other step as a request): the supervisor of each task, which runs ARGV in the task's process
+group and records its exit code (tasks.py)."""
 import os
 import sys
 
-from deploy.host import tasks, teardown, venv
-from deploy.host.layout import task_key_of, task_name
-
-
-def task_arg(task):
-    """A task key as the controller sends it (layout.task_key), refused when it is none: it
-    becomes a file name in the run directory."""
-    if task_key_of(task_name(task)) != task:
-        raise SystemExit("not a task: %r" % task)
-    return task
-
-
-def parse_offsets(requests):
-    return {task_arg(task): int(offset)
-            for task, offset in (item.split(":") for item in requests)}
+from deploy.host import tasks
+from deploy.host.layout import checked_task_key
+from deploy.host.protocol import HostError
 
 
 def main(argv):
+    try:
+        run_verb(argv)
+    except HostError as exc:      # a program's error: its words on stderr, exit status 1
+        raise SystemExit(str(exc)) from None
+
+
+def run_verb(argv):
     # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
     os.umask(0o077)
-    verb, args = argv[0], argv[1:]
-    rest = args[args.index("--") + 1:] if "--" in args else []
-    if verb == "supervise":
-        tasks.supervise(args[0], task_arg(args[1]), rest)
-        out = None
-    elif verb == "cleanup":
-        out = teardown.cleanup(args[0], float(args[1]), *args[2:3])
-    elif verb in ("envstatus", "setup"):
-        out = venv.main(verb, args)
-    else:
-        raise SystemExit("unknown verb %r" % verb)
-    if out is not None:
-        sys.stdout.write(json.dumps(out) + "\n")
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    if len(head) != 3 or head[0] != "supervise":
+        raise HostError("usage: supervise RUNDIR TASK -- ARGV... (not %r)" % argv[:4])
+    _, rundir, task = head
+    tasks.supervise(rundir, checked_task_key(task), argv[argv.index("--") + 1:])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ import sys
 import threading
 import time
 
-# Distribution names under which each package may be installed; the first one found counts.
+# The packages whose versions matter (the check compares them across hosts, inv setup shows
+# them), each with the distribution names it may be installed under: the first one found
+# counts, and the first one is what to install. The one table of them, read one way
+# (version_of), here and by inv setup (venv.py, which runs this file in an environment).
 PACKAGES = {
     "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos",
                    "tf-nightly", "tf-nightly-cpu"),
@@ -374,12 +377,21 @@ def mesh(spec, lines=None, say=None):
             "bind_errors": bind_errors}
 
 
+def installed():
+    """This python's version and those of PACKAGES (None: not installed)."""
+    return dict({key: version_of(names) for key, names in PACKAGES.items()},
+                python=sys.version.split()[0])
+
+
 def main(argv):
-    """`python -I - probe WORKDIR COUNT [DATA]`: the probe run by another interpreter than the
-    agent's (the environment `inv setup` built), with this file on its stdin."""
-    if argv[:1] != ["probe"]:
-        raise SystemExit("unknown verb %r" % argv[:1])
-    sys.stdout.write(json.dumps(probe(argv[1], int(argv[2]), *argv[3:4])) + "\n")
+    """`python -I - ASKED`: this file run by another interpreter than the agent's (the
+    environment `inv setup` built), from its stdin, what is asked a JSON object on its command
+    line: the probe ({"workdir", "count", "data"}, as the agent's probe_host), or only the
+    versions ({"versions": true}, as venv.py asks them)."""
+    asked = json.loads(argv[0])
+    answer = installed() if asked.get("versions") else \
+        probe(asked["workdir"], asked["count"], asked["data"])
+    sys.stdout.write(json.dumps(answer) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,13 @@
-"""The agent's answers (deploy/host/agent.py) as typed values.
+"""The wire between the controller and a host's agent (deploy/host/agent.py), both ways, as
+typed values: every request a dataclass with named fields (REQUESTS, by verb), and the answer
+type each one gets.
+
+A request travels as {"verb", "fields": {name: value}, "home": [...], "env": {...}} and is
+decoded on the host by its class, field by field (decode_request): a field missing, unknown or
+of the wrong type is a ProtocolError naming the verb and the field, answered as the request's
+error; no word of a request is read by its position. `home` names the fields (or items of a
+list field, `argv.0`) that are paths on the host: a leading `~` there is the host's home.
+`env` is the environment of a launch's program.
 
 A host is untrusted input: a broken or compromised one can answer anything. Every answer is
 decoded where it arrives (deploy/cluster/hostagent.py) by the answer type of the verb it answers
@@ -10,9 +19,11 @@ ignored. Standard library only: it travels with the host package.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
 # A task's state as its host reports it (deploy/host/tasks.py statuses).
 STATES = ("pending", "running", "exited", "lost")
@@ -26,11 +37,18 @@ QUOTED = 80
 
 
 class ProtocolError(ValueError):
-    """An answer that is not what its verb answers: names the verb and the field."""
+    """An answer that is not what its verb answers, or a request that is not what its verb
+    takes: names the verb and the field."""
 
-    def __init__(self, verb, where, problem):
-        super().__init__("bad answer to %s: %s %s" % (verb, where or "the answer", problem))
+    def __init__(self, verb, where, problem, what="answer"):
+        super().__init__("bad %s %s %s: %s %s" % (
+            what, "to" if what == "answer" else "for", verb, where or "the " + what, problem))
         self.verb, self.where = verb, where
+
+
+class HostError(Exception):
+    """What a host cannot do, in words for the user (a directory that is not a run's, a task
+    that is not one, data that is not there): the agent answers it as the request's error."""
 
 
 def quoted(value):
@@ -43,16 +61,16 @@ class Fields:
     """One JSON object of an answer, read field by field; `where` is its path in the answer
     (`tasks.0`), for the errors."""
 
-    def __init__(self, doc, verb, where=""):
+    def __init__(self, doc, verb, where="", what="answer"):
         if not isinstance(doc, dict):
-            raise ProtocolError(verb, where, "is not an object: %s" % quoted(doc))
-        self.doc, self.verb, self.where = doc, verb, where
+            raise ProtocolError(verb, where, "is not an object: %s" % quoted(doc), what)
+        self.doc, self.verb, self.where, self.what = doc, verb, where, what
 
     def path(self, key):
         return "%s.%s" % (self.where, key) if self.where else str(key)
 
     def fail(self, key, problem):
-        return ProtocolError(self.verb, self.path(key), problem)
+        return ProtocolError(self.verb, self.path(key), problem, self.what)
 
     def get(self, key, check, default=None, required=True):
         if key not in self.doc or (self.doc[key] is None and not required):
@@ -450,48 +468,364 @@ class Pruned(Answer):
 
 @dataclass(frozen=True)
 class EnvStatus(Answer):
-    """inv setup's `envstatus`: whether the environment exists (its versions then)."""
+    """inv setup's `env-status`: whether the environment exists (its versions then)."""
     ready: bool
     env: str
     versions: Mapping[str, Optional[str]] = field(default_factory=dict)
 
     @classmethod
-    def decode(cls, doc, verb="envstatus"):
+    def decode(cls, doc, verb="env-status"):
         fields = Fields(doc, verb)
         return cls(fields.flag("ready"), fields.text("env"), _versions(fields, required=False))
 
 
 @dataclass(frozen=True)
 class SetupEvent(Answer):
-    """One line of inv setup's build: a step or a log line (`text`), its end (`done`: the
-    environment, reused or built, and its versions) or its failure (`error`: `message`)."""
+    """One frame of inv setup's build (`env-build`): a step or a log line (`text`), or its end
+    (`done`: the environment, reused or built, and its versions). A failed build is the
+    request's error."""
     event: str
     text: Optional[str] = None
-    message: Optional[str] = None
     reused: bool = False
     env: Optional[str] = None
     versions: Mapping[str, Optional[str]] = field(default_factory=dict)
 
+    @property
+    def end(self):
+        return self.event == "done"
+
     @classmethod
-    def decode(cls, doc, verb="setup"):
+    def decode(cls, doc, verb="env-build"):
         fields = Fields(doc, verb)
         return cls(fields.text("event"), text=fields.text("text", required=False),
-                   message=fields.text("message", required=False),
                    reused=fields.flag("reused", required=False),
                    env=fields.text("env", required=False),
                    versions=_versions(fields, required=False))
 
 
-# The answer type of each verb of the agent (deploy/host/agent.py answer()).
-ANSWERS = {
-    "probe": Probe, "ports": Ports,
-    "mesh-listen": MeshListening, "mesh-dial": MeshDialed, "mesh-close": MeshResult,
-    "push": Pushed, "data-push": Pushed, "receive": Pushed, "data-receive": Pushed,
-    "launch": Launched, "poll": Tasks, "follow": Tasks,
-    "stop": Stopped, "cleanup": Stopped,
-    "tar-out": Archived, "replace-backup": Unpacked, "prune": Pruned,
-}
+# Requests. Each verb's request class, registered with the answer type it gets.
+
+REQUESTS = {}
+
+
+def _registered(verb, answer):
+    def register(cls):
+        cls.verb, cls.answer = verb, answer
+        REQUESTS[verb] = cls
+        return cls
+    return register
+
+
+class HostRequest:
+    """A request to a host's agent: its fields are the request; `verb` names it on the wire
+    and `answer` is the type of its answer."""
+    verb = ""
+    answer = Done
+
+    def fields(self):
+        """The fields as they go on the wire: None left out, tuples as lists."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+    @classmethod
+    def decode(cls, doc):
+        fields = Fields(doc, cls.verb, "fields", what="request")
+        hints = _hints(cls)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in doc:
+            if key not in known:
+                raise fields.fail(key, "is not a field of %s" % cls.verb)
+        values = {}
+        for f in dataclasses.fields(cls):
+            hint, optional = _unoptional(hints[f.name])
+            required = f.default is dataclasses.MISSING and \
+                f.default_factory is dataclasses.MISSING
+            if doc.get(f.name) is None:
+                if required and not (optional and f.name in doc):
+                    raise fields.fail(f.name, "is missing")
+                continue
+            values[f.name] = _checker(hint)(fields, f.name, doc[f.name])
+        return cls(**values)
+
+
+_HINTS = {}
+
+
+def _hints(cls):
+    """A request class's field types, resolved once."""
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _plain(value):
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _unoptional(hint):
+    """(the hint without Optional, whether it was Optional)."""
+    args = get_args(hint)
+    if get_origin(hint) is Union and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return hint, False
+
+
+def _checker(hint):
+    """The check of a field's value by its type: text, integer, number, flag, a tuple (of
+    one type, or of fixed types), a mapping of text to one type."""
+    simple = {str: _text, int: _integer, float: _number, bool: _flag}
+    if hint in simple:
+        return simple[hint]
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        items = _list_of(_checker(args[0]))
+        return lambda f, key, value: tuple(items(f, key, value))
+    if origin is tuple:
+        checks = [_checker(a) for a in args]
+
+        def fixed(f, key, value):
+            if not isinstance(value, list) or len(value) != len(checks):
+                raise f.fail(key, "is not a list of %d: %s" % (len(checks), quoted(value)))
+            return tuple(check(f, "%s.%d" % (key, i), v)
+                         for i, (check, v) in enumerate(zip(checks, value)))
+        return fixed
+    if origin in (dict, Mapping) or getattr(origin, "__name__", "") == "Mapping":
+        check = _checker(args[1])
+
+        def mapping(f, key, value):
+            if not isinstance(value, dict):
+                raise f.fail(key, "is not an object: %s" % quoted(value))
+            return {_text(f, "%s.%s" % (key, k), k): check(f, "%s.%s" % (key, k), v)
+                    for k, v in value.items()}
+        return mapping
+    raise TypeError("no check for %r" % (hint,))
+
+
+def decode_request(doc):
+    """A request frame's header as its typed request, its `home` paths expanded here."""
+    verb = doc.get("verb")
+    if verb not in REQUESTS:
+        raise ValueError("unknown request %s" % quoted(verb))
+    cls = REQUESTS[verb]
+    fields = dict(doc.get("fields") or {})
+    check = Fields(fields, verb, "fields", what="request")
+    for path in doc.get("home", []):
+        name, _, index = _text(check, "home", path).partition(".")
+        value = fields.get(name)
+        if index:
+            if not isinstance(value, list) or not index.isdigit() or int(index) >= len(value):
+                raise check.fail(path, "is named in home but is not an item of a list field")
+            value = value[:]
+            value[int(index)] = _home(value[int(index)])
+            fields[name] = value
+        elif isinstance(value, str):
+            fields[name] = _home(value)
+        else:
+            raise check.fail(path, "is named in home but is not a text field")
+    return cls.decode(fields)
+
+
+def _home(path):
+    """A path with a leading `~` or `~/` as this host's home, as a shell expands it; `~user/`
+    stays as it is, as quoted."""
+    if isinstance(path, str) and (path == "~" or path.startswith("~/")):
+        return os.path.expanduser(path)
+    return path
+
+
+@_registered("probe", Probe)
+@dataclass(frozen=True)
+class ProbeRequest(HostRequest):
+    """What `inv check` learns of a host; `requirements` names the `inv setup` environment
+    whose python answers where it exists (deploy/host/probe.py comes as the body then)."""
+    workdir: str
+    ports: int
+    data_dir: Optional[str] = None
+    requirements: Optional[str] = None
+
+
+@_registered("ports", Ports)
+@dataclass(frozen=True)
+class PortsRequest(HostRequest):
+    """`count` ports free on this host now."""
+    count: int
+
+
+@_registered("mesh-listen", MeshListening)
+@dataclass(frozen=True)
+class MeshListenRequest(HostRequest):
+    """The mesh probe's first phase (deploy/host/probe.py mesh): listen on `listen` (port ->
+    callers expected), later dial `targets` ((address, port, host) each)."""
+    host: str
+    nonce: str
+    window: float
+    attempt: float
+    listen: Mapping[str, int]
+    targets: Tuple[Tuple[str, int, str], ...]
+    driven: Optional[float] = None
+
+
+@_registered("mesh-dial", MeshDialed)
+@dataclass(frozen=True)
+class MeshDialRequest(HostRequest):
+    pass
+
+
+@_registered("mesh-close", MeshResult)
+@dataclass(frozen=True)
+class MeshCloseRequest(HostRequest):
+    pass
+
+
+@dataclass(frozen=True)
+class _Push(HostRequest):
+    """The payload's push into `rundir`, by way of the host's file cache. `host` and `tasks`
+    (task keys, "worker-0,worker-1"): this host's membership of the run directory, which
+    hosts sharing a workdir also share."""
+    rundir: str
+    cache_dir: str
+    host: Optional[str] = None
+    tasks: Optional[str] = None
+
+
+@_registered("push", Pushed)
+@dataclass(frozen=True)
+class PushRequest(_Push):
+    """The stage (the body) unpacked, then what the cache lacks."""
+
+
+@_registered("receive", Pushed)
+@dataclass(frozen=True)
+class ReceiveRequest(_Push):
+    """The files the cache lacked, following the request on the channel."""
+
+
+@dataclass(frozen=True)
+class _DataPush(HostRequest):
+    rundir: str
+    data_dir: str
+    cache_dir: str
+
+
+@_registered("data-push", Pushed)
+@dataclass(frozen=True)
+class DataPushRequest(_DataPush):
+    """The data manifest (the body) unpacked, then what the data cache lacks."""
+
+
+@_registered("data-receive", Pushed)
+@dataclass(frozen=True)
+class DataReceiveRequest(_DataPush):
+    """The data files the cache lacked, following the request on the channel."""
+
+
+@_registered("launch", Launched)
+@dataclass(frozen=True)
+class LaunchRequest(HostRequest):
+    """Start task `task` (its key) detached: `argv` in `cwd`, with the request's environment;
+    by the python of the `inv setup` environment for `requirements` where it exists."""
+    rundir: str
+    task: str
+    cwd: str
+    argv: Tuple[str, ...]
+    requirements: Optional[str] = None
+
+
+@_registered("poll", Tasks)
+@dataclass(frozen=True)
+class PollRequest(HostRequest):
+    """Each task's state, and its log from `offsets` (task key -> byte) on."""
+    rundir: str
+    offsets: Mapping[str, int]
+
+
+@_registered("follow", Tasks)
+@dataclass(frozen=True)
+class FollowRequest(HostRequest):
+    """A frame per change of the tasks' states or logs, until every task has ended."""
+    rundir: str
+    offsets: Mapping[str, int]
+
+
+@_registered("credit", Done)
+@dataclass(frozen=True)
+class CreditRequest(HostRequest):
+    """One more frame for the follow of request id `follow`."""
+    follow: int
+
+
+@_registered("stop", Stopped)
+@dataclass(frozen=True)
+class StopRequest(HostRequest):
+    """TERM to every task, KILL after `grace` seconds."""
+    rundir: str
+    grace: float
+
+
+@_registered("cleanup", Stopped)
+@dataclass(frozen=True)
+class CleanupRequest(HostRequest):
+    """Stop, then delete the run directory once no other host sharing it (`host`: this one's
+    name) still uses it."""
+    rundir: str
+    grace: float
+    host: Optional[str] = None
+
+
+@_registered("tar-out", Archived)
+@dataclass(frozen=True)
+class TarOutRequest(HostRequest):
+    """`folder` as tar.gz, refused past `max_bytes` of files or `max_members` members."""
+    folder: str
+    max_bytes: int
+    max_members: int
+
+
+@_registered("replace-backup", Unpacked)
+@dataclass(frozen=True)
+class ReplaceBackupRequest(HostRequest):
+    """The run's backup/ replaced by the tar.gz that comes as the body, within the limits."""
+    rundir: str
+    max_bytes: int
+    max_members: int
+
+
+@_registered("prune", Pruned)
+@dataclass(frozen=True)
+class PruneRequest(HostRequest):
+    """Free what no run needs (what to keep comes as the body, JSON), older than
+    `older_than` days; with `dry_run`, only say what."""
+    workdir: str
+    host: str
+    older_than: float
+    dry_run: bool
+
+
+@_registered("env-status", EnvStatus)
+@dataclass(frozen=True)
+class EnvStatusRequest(HostRequest):
+    """inv setup's first step: the stage (run.json and requirements.txt, the body) unpacked
+    into `rundir` after the workdir check, then whether this host's environment for those
+    requirements is ready."""
+    rundir: str
+
+
+@_registered("env-build", SetupEvent)
+@dataclass(frozen=True)
+class EnvBuildRequest(HostRequest):
+    """Build (or reuse) the environment of `rundir`'s requirements.txt, a frame per step and
+    pip line; `host` names this host to hosts sharing the workdir that wait for its build;
+    `wheelhouse`: install from <rundir>/wheelhouse only."""
+    rundir: str
+    host: str
+    wheelhouse: bool = False
 
 
 def answer_type(verb):
-    return ANSWERS.get(verb, Done)
+    cls = REQUESTS.get(verb)
+    return cls.answer if cls is not None else Done

@@ -32,6 +32,7 @@ from deploy.host.envkey import ENV_NAME, built_from
 from deploy.host.layout import (
     BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUN_ID, RUNS, task_file, task_keys
 )
+from deploy.host.protocol import HostError
 from deploy.host.rundir import read_json
 from deploy.host.share import member_tasks
 from deploy.host.teardown import group_members
@@ -142,7 +143,7 @@ def prune(workdir, host, keep, age, dry, now=None):
     workdir = os.path.expanduser(workdir)
     problem = unsafe_workdir(workdir)
     if problem:
-        raise SystemExit(problem)
+        raise HostError(problem)
     now = time.time() if now is None else now
     if dry:                    # deletes nothing, so races with nothing, and writes no lock
         return _prune(workdir, host, keep, age, True, now)

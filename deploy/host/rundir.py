@@ -4,6 +4,7 @@ import os
 import secrets
 
 from deploy.host.layout import RUN_FILE, in_run
+from deploy.host.protocol import HostError
 
 
 def read_json(path):
@@ -39,5 +40,5 @@ def write_json_atomic(path, doc):
 def run_id_of(rundir):
     doc = read_json(in_run(rundir, RUN_FILE))
     if not doc or not doc.get("run_id"):
-        raise SystemExit("not a tfdeploy run directory: %s" % rundir)
+        raise HostError("not a tfdeploy run directory: %s" % rundir)
     return doc["run_id"]

@@ -14,7 +14,7 @@ import time
 
 from deploy.host.envkey import env_python
 from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
-from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
+from deploy.host.protocol import FINAL_STATES, LOG_CHUNK, HostError
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members
 
@@ -45,7 +45,7 @@ def launch(rundir, task, cwd, argv, requirements, variables):
     # a mistyped path would train on nothing without a word.
     data = variables.get("TFDEPLOY_DATA_DIR")
     if data is not None and not os.path.isdir(os.path.expanduser(data)):
-        raise SystemExit("TFDEPLOY_DATA_DIR %s is not a directory on this host (field 'data' "
+        raise HostError("TFDEPLOY_DATA_DIR %s is not a directory on this host (field 'data' "
                          "of the inventory)" % data)
     attempt = int(variables.get("TFDEPLOY_ATTEMPT", "1"))
     set_aside(rundir, task, attempt)

@@ -11,6 +11,7 @@ import time
 
 from deploy.host import share
 from deploy.host.layout import BUILD_PID, RUNS, in_run, task_file, task_keys
+from deploy.host.protocol import HostError
 from deploy.host.rundir import read_json, run_id_of
 
 
@@ -186,7 +187,7 @@ def cleanup(rundir, grace, host=None):
     real = os.path.realpath(rundir)
     # Delete only a directory that is provably this run's own: <workdir>/runs/<run-id>.
     if os.path.basename(real) != run_id or os.path.basename(os.path.dirname(real)) != RUNS:
-        raise SystemExit("refusing to delete %s: not a run directory of run %s" % (real, run_id))
+        raise HostError("refusing to delete %s: not a run directory of run %s" % (real, run_id))
     result = stop(rundir, grace)
     if result["survivors"]:
         return result

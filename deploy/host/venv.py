@@ -15,12 +15,12 @@ others and renamed into place. Runs in the run directory of the setup.
                                           its environment, so that the agent's cleanup (after
                                           Ctrl-C) stops it before it deletes the run directory
 
-Verbs, both `RUNDIR`: `envstatus` answers whether the environment of the run directory's
-requirements.txt for this host (envkey.env_dir, under the run directory's workdir) is ready;
-`setup HOST [wheelhouse]` builds it (HOST: the inventory's name of this host, shown to hosts
-that wait for its build), printing one JSON line per step or pip output line, then the
-result. The interpreter running them is the one the environment is built from and keyed by.
-Each host has a run directory of its own, also where hosts share the workdir.
+Two requests of the agent (agent.py): `env-status` answers whether the environment of the run
+directory's requirements.txt for this host (envkey.env_dir, under the run directory's workdir)
+is ready; `env-build` builds it (its `host`: the inventory's name of this host, shown to hosts
+that wait for its build), telling each step and pip output line as a frame of its answer, then
+the result. The interpreter running the agent is the one the environment is built from and
+keyed by. Each host has a run directory of its own, also where hosts share the workdir.
 """
 import contextlib
 import errno
@@ -33,33 +33,24 @@ import subprocess
 import sys
 import time
 
+from deploy.host import probe
 from deploy.host.envkey import env_dir
 from deploy.host.layout import (
     BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run, workdir_of
 )
+from deploy.host.protocol import HostError
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 
 MARKER = "tfdeploy-env.json"
 # <workdir>/envs/<name>.lock: who builds that environment now (build_lock)
 LOCK_SUFFIX = ".lock"
 WAIT_POLL = 2.0
-# Distribution names whose versions the setup table shows.
-PACKAGES = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
-VERSIONS = ("import importlib.metadata as m, json, platform\n"
-            "def v(n):\n"
-            "    try:\n        return m.version(n)\n"
-            "    except m.PackageNotFoundError:\n        return None\n"
-            "print(json.dumps(dict({'python': platform.python_version()}, "
-            "**{k: v(n) for k, n in %r.items()})))" % (PACKAGES,))
+# Characters of one pip output line told to the controller: a line past it is cut.
+TEXT_LIMIT = 2000
 
 
-class SetupError(Exception):
+class SetupError(HostError):
     pass
-
-
-def say(**doc):
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
 
 
 def wanted(rundir):
@@ -78,20 +69,30 @@ def ready(envdir, want):
 
 
 def versions(envdir):
-    out = subprocess.run([os.path.join(envdir, "bin", "python"), "-c", VERSIONS],
+    """The environment's versions of probe.PACKAGES, read by its own python as the check reads
+    them (probe.py, run from its source)."""
+    source = probe.__loader__.get_source(probe.__name__)
+    out = subprocess.run([os.path.join(envdir, "bin", "python"), "-I", "-",
+                          json.dumps({"versions": True})], input=source,
                          capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise SetupError("the environment's python does not run: %s" % out.stderr.strip()[-300:])
     return json.loads(out.stdout)
 
 
-def envstatus(rundir, envdir):
+def env_of(rundir):
+    """This host's environment directory for the run directory's requirements.txt."""
+    return env_dir(workdir_of(rundir), wanted(rundir)["requirements_sha256"])
+
+
+def envstatus(rundir, envdir=None):
+    envdir = envdir or env_of(rundir)
     if ready(envdir, wanted(rundir)):
         return {"ready": True, "env": envdir, "versions": versions(envdir)}
     return {"ready": False, "env": envdir}
 
 
-def run_logged(argv, rundir):
+def run_logged(argv, rundir, tell):
     """Run one step in a process group of its own, recorded in <rundir>/build.pid: closing
     the SSH channel does not end a pip that is waiting on the network, the agent's cleanup
     does (TERM, then KILL, to that group only, checked against the run id)."""
@@ -104,7 +105,7 @@ def run_logged(argv, rundir):
     write_json_atomic(pidfile, {"pid": proc.pid, "pgid": proc.pid, "started": time.time()})
     for line in proc.stdout:
         if line.strip():
-            say(event="log", text=line.rstrip())
+            tell({"event": "log", "text": line.rstrip()[:TEXT_LIMIT]})
     code = proc.wait()
     os.unlink(pidfile)
     if code != 0:
@@ -112,7 +113,7 @@ def run_logged(argv, rundir):
 
 
 @contextlib.contextmanager
-def build_lock(envdir, host):
+def build_lock(envdir, host, tell):
     """Held while this host builds `envdir`: hosts sharing the workdir (and a Python build, so
     one environment name) build it once. A POSIX record lock (fcntl), which NFS carries between
     machines, on <envdir>.lock, taken without blocking and tried again every WAIT_POLL seconds:
@@ -132,8 +133,8 @@ def build_lock(envdir, host):
                 if exc.errno not in (errno.EACCES, errno.EAGAIN):
                     raise
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another host"
-            say(event="step", text="waiting for %s, which builds this environment (%d s)" % (
-                holder, time.monotonic() - started))
+            tell({"event": "step", "text": "waiting for %s, which builds this environment (%d s)"
+                  % (holder, time.monotonic() - started)})
             time.sleep(WAIT_POLL)
         os.ftruncate(fd, 0)
         os.pwrite(fd, host.encode(), 0)
@@ -142,36 +143,40 @@ def build_lock(envdir, host):
         os.close(fd)
 
 
-def setup(rundir, envdir, host, wheelhouse):
+def setup(rundir, host, wheelhouse, tell, envdir=None):
+    """The environment of the run directory's requirements.txt, reused or built; each step
+    and pip output line told (`tell`, a frame of the answer), the result answered."""
+    envdir = envdir or env_of(rundir)
     want = wanted(rundir)
     if ready(envdir, want):
-        say(event="step", text="environment exists: reusing it")
+        tell({"event": "step", "text": "environment exists: reusing it"})
         return reused(envdir)
     os.makedirs(os.path.dirname(envdir), exist_ok=True)
-    with build_lock(envdir, host):
+    with build_lock(envdir, host, tell):
         if ready(envdir, want):          # built by another host while this one waited
-            say(event="step", text="environment built meanwhile: reusing it")
+            tell({"event": "step", "text": "environment built meanwhile: reusing it"})
             return reused(envdir)
-        return build_env(rundir, envdir, want, wheelhouse)
+        return build_env(rundir, envdir, want, wheelhouse, tell)
 
 
 def reused(envdir):
     return {"event": "done", "reused": True, "env": envdir, "versions": versions(envdir)}
 
 
-def build_env(rundir, envdir, want, wheelhouse):
+def build_env(rundir, envdir, want, wheelhouse, tell):
     """Build the environment in the run directory and rename it into place."""
     build = in_run(rundir, ENV_BUILD)
-    say(event="step", text="creating the virtual environment (python %s)" % want["python"])
-    run_logged([sys.executable, "-m", "venv", build], rundir)
+    tell({"event": "step", "text": "creating the virtual environment (python %s)"
+          % want["python"]})
+    run_logged([sys.executable, "-m", "venv", build], rundir, tell)
     python = os.path.join(build, "bin", "python")
     install = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                "-r", in_run(rundir, REQUIREMENTS)]
     if wheelhouse:
         install += ["--no-index", "--find-links", in_run(rundir, WHEELHOUSE)]
-    say(event="step", text="installing requirements.txt" + (" from the wheelhouse" if wheelhouse
-                                                             else ""))
-    run_logged(install, rundir)
+    tell({"event": "step", "text": "installing requirements.txt" + (
+        " from the wheelhouse" if wheelhouse else "")})
+    run_logged(install, rundir, tell)
     with open(os.path.join(build, MARKER), "w") as f:
         json.dump(want, f)
     if os.path.lexists(envdir):
@@ -196,17 +201,3 @@ def relocate(envdir, build):
             if old in data:
                 with open(path, "wb") as f:
                     f.write(data.replace(old, new))
-
-
-def main(verb, args):
-    rundir = os.path.expanduser(args[0])
-    try:
-        envdir = env_dir(workdir_of(rundir), wanted(rundir)["requirements_sha256"])
-        if verb == "envstatus":
-            return envstatus(rundir, envdir)
-        return setup(rundir, envdir, args[1], args[2:3] == [WHEELHOUSE])
-    except BrokenPipeError:
-        raise SystemExit(1)      # the controller is gone: no one to tell
-    except (SetupError, OSError, ValueError, subprocess.SubprocessError) as exc:
-        say(event="error", message=str(exc))
-        raise SystemExit(1)

@@ -3,13 +3,15 @@ deploy/run/hostchecks.py runs it. Every problem is a sentence that names the hos
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.host.probe
 from deploy.host.archive import size
-from deploy.host.protocol import Connect, MeshResult, Probe
+from deploy.host.probe import PACKAGES
+from deploy.host.protocol import (
+    Connect, MeshCloseRequest, MeshDialRequest, MeshListenRequest, MeshResult, Probe, ProbeRequest
+)
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
@@ -31,7 +33,6 @@ MESH_WINDOW = 5.0
 # then whatever the controller does: long enough for many hosts to start their probes.
 MESH_DEADLINE = 120.0
 MESH_ATTEMPT = 2.0     # one connection attempt; a firewall that drops packets times out here
-INSTALL = {"tensorflow": "tensorflow", "tf_keras": "tf-keras", "numpy": "numpy"}
 
 
 @dataclass
@@ -76,17 +77,17 @@ def probe_request(host: Host, env_requirements: str | None = None) -> Request:
     the host (its name is the host's to compute, deploy/host/envkey.py), since it is what the
     tasks will run; it reads deploy/host/probe.py, which comes with the request."""
     data = HostPath(host.data.path) if host.data is not None and host.data.kind == "remote" \
-        else ""                                  # tasks will read it: can they?
-    return Request("probe", (HostPath(host.workdir), str(ports_to_probe(host)), data,
-                             env_requirements or ""),
+        else None                                # tasks will read it: can they?
+    return Request(ProbeRequest(HostPath(host.workdir), ports_to_probe(host), data,
+                                env_requirements),
                    body="deploy/host/probe.py, for the environment's python"
                    if env_requirements else "")
 
 
 def mesh_requests(spec: dict) -> tuple[Request, Request, Request]:
     """The mesh probe's phases on one host: listen (with its SPEC), dial, close."""
-    return (Request("mesh-listen", (json.dumps(spec, separators=(",", ":")),)),
-            Request("mesh-dial"), Request("mesh-close"))
+    return (Request(MeshListenRequest(**spec)), Request(MeshDialRequest()),
+            Request(MeshCloseRequest()))
 
 
 def push_needs(push_bytes: int) -> int:
@@ -115,7 +116,7 @@ def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0) -> None:
         if version is None:
             check.problems.append(f"{label}: {package} is not installed for "
                                   f"{answer.executable or host.python} "
-                                  f"(pip install {INSTALL.get(package, package)})")
+                                  f"(pip install {PACKAGES.get(package, (package,))[0]})")
     tf, tfk = versions.get("tensorflow"), versions.get("tf_keras")
     if tf and tfk and minor(tf) != minor(tfk):
         check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "
@@ -192,7 +193,7 @@ def mesh_specs(checks: list[HostCheck], nonce: str) -> dict[str, dict]:
                            "targets": []} for c in checks}
     for src, dst, port in mesh_pairs(checks):
         specs[dst.host.name]["listen"][str(port)] += 1
-        target = [str(dst.host.tf_address), port, dst.host.name]
+        target = (str(dst.host.tf_address), port, dst.host.name)
         specs[src.host.name]["targets"].append(target)
     return specs
 
@@ -262,7 +263,7 @@ def rows(report: CheckReport) -> list[list[str]]:
         versions = probe.versions if probe else {}
         cells = [c.host.name, address, probe.python if probe else "-"]
         cells += [versions.get(p) or ("missing" if probe else "-")
-                  for p in ("tensorflow", "tf_keras", "numpy")]
+                  for p in PACKAGES]
         cells.append(size(probe.disk_free) if probe else "-")
         cells.append(", ".join(map(str, c.ports)) or "-")
         cells.append(mesh_cell(c))

@@ -8,11 +8,13 @@ written in our code (`&&`, `if [ -f`, `; fi`), never built from input.
 """
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from deploy.errors import BadInput
+from deploy.host.protocol import HostRequest
 from deploy.inventory.model import EnvValue
 
 
@@ -62,34 +64,50 @@ class Command:
 @dataclass(frozen=True)
 class Request:
     """One step for a host's agent (deploy/host/agent.py), which runs for the whole run and
-    takes requests on its channel: a verb, its words (a HostPath word is expanded against the
-    host's home there, every other word is a literal value), the environment its program gets
-    (never shown: values travel only in the request) and what comes with it."""
-    verb: str
-    args: tuple[str, ...] = ()
+    takes requests on its channel: a typed request of deploy/host/protocol.py (a HostPath in
+    its fields is expanded against the host's home there, every other value is literal), the
+    environment its program gets (never shown: values travel only in the request) and what
+    comes with it."""
+    message: HostRequest
     env: Mapping[str, EnvValue] = field(default_factory=dict)
     body: str = ""           # a short description of the bytes that follow it; "": none
 
+    @property
+    def verb(self) -> str:
+        return self.message.verb
+
     def shown(self) -> str:
-        """What --dry-run prints: the verb, its words as a shell would quote them, and after
-        `<` what comes with it."""
-        words = " ".join(_quoted(word) for word in (self.verb, *self.args))
+        """What --dry-run prints: the verb, its fields (words as a shell would quote them) and
+        after `<` what comes with it."""
+        words = " ".join([self.verb] + [f"{name}={_shown_value(value)}"
+                                        for name, value in self.message.fields().items()])
         return f"agent: {words}" + (f"    < {self.body}" if self.body else "")
 
     def shown_env(self) -> dict[str, str]:
         return {key: value.shown() for key, value in self.env.items()}
 
     def __repr__(self) -> str:
-        return f"Request({self.verb!r}, {self.args!r}, env={self.shown_env()!r})"
+        return f"Request({self.message!r}, env={self.shown_env()!r})"
 
     def wire(self, **extra_env: str) -> dict:
         """The request as the agent reads it, with the real environment values and `extra_env`
         on top. For the wire only."""
-        doc = {"verb": self.verb, "args": list(self.args),
-               "home": [i for i, word in enumerate(self.args) if isinstance(word, HostPath)]}
+        fields = self.message.fields()
+        home = [name for name, value in fields.items() if isinstance(value, HostPath)]
+        home += [f"{name}.{i}" for name, value in fields.items() if isinstance(value, list)
+                 for i, item in enumerate(value) if isinstance(item, HostPath)]
+        doc = {"verb": self.verb, "fields": fields, "home": home}
         if self.env or extra_env:
             doc["env"] = {**{key: value.value for key, value in self.env.items()}, **extra_env}
         return doc
+
+
+def _shown_value(value) -> str:
+    if isinstance(value, str):
+        return _quoted(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "[" + " ".join(_quoted(v) for v in value) + "]"
+    return shlex.quote(json.dumps(value, separators=(",", ":")))
 
 
 def split_args(text: str) -> list[str]:

@@ -4,6 +4,7 @@ the tests compare it with golden files.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Mapping
@@ -12,6 +13,11 @@ from deploy.host import layout
 from deploy.host.archive import Limits
 from deploy.host.envkey import env_python
 from deploy.host.layout import in_run
+from deploy.host.protocol import (
+    CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, FollowRequest,
+    LaunchRequest, PollRequest, PortsRequest, PushRequest, ReceiveRequest,
+    ReplaceBackupRequest, StopRequest, TarOutRequest
+)
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
 from deploy.plan.command import Command, HostPath, Request
@@ -157,96 +163,73 @@ def env_requirements(host: Host, requirements_sha256: str | None) -> str | None:
     return requirements_sha256
 
 
-def host_agent(host: Host, rundir: str, verb: str, *args: str,
-               tail: tuple[str, ...] = ()) -> Command:
-    """`<python> -I <rundir>/tfdeploy-host.zip VERB RUNDIR ARGS... [-- TAIL...]`: the host
-    package, unpacked by the push, doing one verb on the run as a command of its own (inv
-    setup's steps). `args` and `tail` are words as the caller means them: a path on the host
-    is a HostPath."""
-    words = (HostPath(host.python), "-I", HostPath(in_run(rundir, layout.HOST_ZIP)), verb,
-             HostPath(rundir), *args)
-    return Command(words + (("--", *tail) if tail else ()))
-
-
-def run_request(rundir: str, verb: str, *args: str, tail: tuple[str, ...] = (),
-                env: Mapping[str, EnvValue] | None = None, body: str = "") -> Request:
-    """A request to the agent about the run in `rundir`: VERB RUNDIR ARGS... [-- TAIL...]."""
-    return Request(verb, (HostPath(rundir), *args) + (("--", *tail) if tail else ()),
-                   env or {}, body)
-
-
-def task_offsets(offsets: Mapping[str, int]) -> list[str]:
-    """`TASK:OFFSET` arguments: which tasks (by key) to report and how much of each log is
-    read."""
-    return [f"{k}:{o}" for k, o in offsets.items()]
-
-
 def host_offsets(hp: "HostPlan", offsets: Mapping[int, int]) -> dict[str, int]:
     """The offsets (by task index) of the host's tasks, by the keys the host knows them by."""
     return {t.key: offsets[t.index] for t in hp.tasks}
 
 
 def poll_request(rundir: str, offsets: Mapping[str, int]) -> Request:
-    return run_request(rundir, "poll", *task_offsets(offsets))
+    """Each task's state, and its log from `offsets` (task key -> byte) on."""
+    return Request(PollRequest(HostPath(rundir), dict(offsets)))
 
 
 def follow_request(rundir: str, offsets: Mapping[str, int]) -> Request:
-    return run_request(rundir, "follow", *task_offsets(offsets))
+    return Request(FollowRequest(HostPath(rundir), dict(offsets)))
 
 
 def credit_request(follow: int) -> Request:
     """Lets the follow of request id `follow` send one more frame."""
-    return Request("credit", (str(follow),))
+    return Request(CreditRequest(follow))
 
 
 def stop_request(rundir: str, grace: float) -> Request:
-    return run_request(rundir, "stop", f"{grace:g}")
+    return Request(StopRequest(HostPath(rundir), grace))
 
 
 def cleanup_request(host: Host, rundir: str, grace: float) -> Request:
     """Stop, and delete the run directory once no other host sharing it (one workdir on an NFS
     home) still uses it; a host that never got the run (its push failed) has nothing to clean
     and answers so, instead of failing."""
-    return run_request(rundir, "cleanup", f"{grace:g}", host.name)
-
-
-def cleanup_command(host: Host, rundir: str, grace: float) -> Command:
-    """The same as a command of its own, for inv setup's run directory."""
-    return host_agent(host, rundir, "cleanup", f"{grace:g}", host.name)
+    return Request(CleanupRequest(HostPath(rundir), grace, host.name))
 
 
 def fetch_output_request(rundir: str, limits: Limits) -> Request:
     """The chief's output folder as tar.gz; nothing when it has none; an error when it holds
     more than `limits` (an archive past them would be refused here)."""
-    return Request("tar-out", (HostPath(in_run(rundir, layout.OUTPUT)), *limits.words()))
+    return Request(TarOutRequest(HostPath(in_run(rundir, layout.OUTPUT)), limits.bytes,
+                                 limits.members))
 
 
 def fetch_backup_request(rundir: str, limits: Limits) -> Request:
     """The chief's backup as tar.gz; nothing when it has none yet."""
-    return Request("tar-out", (HostPath(in_run(rundir, layout.BACKUP)), *limits.words()))
+    return Request(TarOutRequest(HostPath(in_run(rundir, layout.BACKUP)), limits.bytes,
+                                 limits.members))
 
 
 def replace_backup_request(rundir: str, limits: Limits) -> Request:
     """Replace the host's backup with the tar.gz that comes with it (an empty archive: no
     backup), unpacked within `limits` (deploy/host/archive.py). Only <rundir>/backup is
     deleted, inside the run's own directory."""
-    return run_request(rundir, "replace-backup", *limits.words(),
-                       body="tar.gz of the chief's backup")
+    return Request(ReplaceBackupRequest(HostPath(rundir), limits.bytes, limits.members),
+                   body="tar.gz of the chief's backup")
 
 
-def push_request(verb: str, rundir: str, *paths: str, body: str,
-                 member: tuple[str, str] = ()) -> Request:
+def push_request(host: Host, rundir: str, tasks: tuple[str, ...]) -> Request:
     """The stage unpacked into `rundir` (after the workdir is found safe), then what the cache
-    lacks (`verb`: push for the payload, data-push for data); after that answer, a `receive`
-    (data-receive) request brings exactly those files. `member`: the host's name and its tasks
-    ("0,1"), recorded in the run directory (which hosts sharing a workdir also share)."""
-    return run_request(rundir, verb, *map(HostPath, paths), *member, body=body)
+    lacks; after that answer, a `receive` request brings exactly those files. The host's name
+    and its tasks are recorded in the run directory (which hosts sharing a workdir also
+    share)."""
+    return Request(PushRequest(HostPath(rundir), HostPath(cache_dir(host)), host.name,
+                               ",".join(tasks)),
+                   body="tar.gz of run.json, the host package and the payload manifest; after "
+                        "the host's answer, the files it lacks, each headed by its sha256")
 
 
 def receive_request(push: Request) -> Request:
-    """The second half of `push`: its files, on the same channel."""
-    verb = "receive" if push.verb == "push" else "data-receive"
-    return Request(verb, push.args, body="the files the host lacks, each headed by its sha256")
+    """The second half of a push (payload or data): its files, on the same channel."""
+    receive = ReceiveRequest if isinstance(push.message, PushRequest) else DataReceiveRequest
+    fields = {f.name: getattr(push.message, f.name) for f in dataclasses.fields(push.message)}
+    return Request(receive(**fields), body="the files the host lacks, each headed by its sha256")
 
 
 def data_commands(host: Host, rundir: str) -> dict:
@@ -257,10 +240,10 @@ def data_commands(host: Host, rundir: str) -> dict:
         return {"data_dir": data_dir}
     return {
         "data_dir": data_dir,
-        "data_push": push_request(
-            "data-push", rundir, data_dir, cache_dir(host),
+        "data_push": Request(
+            DataPushRequest(HostPath(rundir), HostPath(data_dir), HostPath(cache_dir(host))),
             body="tar.gz of the data manifest; after the host's answer, "
-                  "the data files it lacks, each headed by its sha256"),
+                 "the data files it lacks, each headed by its sha256"),
     }
 
 
@@ -341,21 +324,16 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             config = tf_config(spec, type_index, host.role)
             env = task_env(host, run_id, rundir, config, type_index, workers, gpus,
                            options.backup, host.role)
-            launch = run_request(rundir, "launch", key, HostPath(in_run(rundir, layout.PAYLOAD)),
-                                 *([requirements] if requirements else []),
-                                 tail=(HostPath(host.python), options.entry, *options.args),
-                                 env=env)
+            launch = Request(LaunchRequest(
+                HostPath(rundir), key, HostPath(in_run(rundir, layout.PAYLOAD)),
+                (HostPath(host.python), options.entry, *options.args), requirements), env)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index) if host.cluster_tasks else None,
                 tf_config=config, launch=launch,
                 gpus=gpus, role=host.role, type_index=type_index))
         host_plans.append(HostPlan(
             host=host, run_dir=rundir,
-            push=push_request(
-                "push", rundir, cache_dir(host), member=(host.name, ",".join(
-                    t.key for t in tasks)),
-                body="tar.gz of run.json, the host package and the payload manifest; after the "
-                      "host's answer, the files it lacks, each headed by its sha256"),
-            ports=Request("ports", (str(ports_to_probe(host)),)),
+            push=push_request(host, rundir, tuple(t.key for t in tasks)),
+            ports=Request(PortsRequest(ports_to_probe(host))),
             tasks=tuple(tasks), env_requirements=requirements, **data_commands(host, rundir)))
     return RunPlan(run_id=run_id, options=options, hosts=tuple(host_plans))

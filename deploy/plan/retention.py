@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from deploy.host.protocol import PruneRequest
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 
@@ -24,5 +25,5 @@ class Keep:
 
 
 def prune_request(host: Host, older_than: float, dry_run: bool) -> Request:
-    return Request("prune", (HostPath(host.workdir), host.name, f"{older_than:g}",
-                             "dry" if dry_run else "delete"), body="what to keep, as JSON")
+    return Request(PruneRequest(HostPath(host.workdir), host.name, older_than, dry_run),
+                   body="what to keep, as JSON")

@@ -10,7 +10,6 @@ import json
 import tarfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -18,17 +17,16 @@ from rich.live import Live
 
 from deploy.console.setupview import progress_table, versions_table
 from deploy.console.view import say
-from deploy.host.layout import HOST_ZIP, REQUIREMENTS, RUN_FILE, WHEELHOUSE
-from deploy.host.protocol import EnvStatus, Stopped
+from deploy.host.layout import REQUIREMENTS, RUN_FILE, WHEELHOUSE
+from deploy.host.protocol import SetupEvent
 from deploy.inventory.model import Inventory
 from deploy.plan.envbuild import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
-from deploy.cluster.hostzip import host_zip
-from deploy.cluster.parallel import on_all, on_each
-from deploy.cluster.session import Session, agent_answer, checked
-from deploy.transport.base import LineStream
+from deploy.cluster.hostagent import Reply
+from deploy.cluster.parallel import on_all
+from deploy.cluster.session import Session, checked
 from deploy.state.record import new_run_id
-from deploy.state.envprogress import HostProgress, setup_event
+from deploy.state.envprogress import HostProgress
 
 
 def requirements_hash(payload: Path) -> str | None:
@@ -51,7 +49,6 @@ def stage(run_id: str, requirements: bytes) -> bytes:
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         add_bytes(tar, RUN_FILE, json.dumps({"run_id": run_id}).encode())
         add_bytes(tar, REQUIREMENTS, requirements)
-        add_bytes(tar, HOST_ZIP, host_zip())
     return buf.getvalue()
 
 
@@ -81,7 +78,7 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
         say(console, f"note: {', '.join(pinned)} name their own python in {inventory.path}: "
                      "inv train runs that, not this environment", "yellow")
     with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
-        session = Session.open(inventory, connect_timeout, accept_new_host_keys, agents=False)
+        session = Session.open(inventory, connect_timeout, accept_new_host_keys)
     progress = {hp.host.name: HostProgress(hp.host.name) for hp in plan.hosts}
     try:
         _run(session, plan, {hp.host.name: stage(hp.run_id, data) for hp in plan.hosts}, wheels,
@@ -110,10 +107,8 @@ def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: li
          progress: dict[str, HostProgress], console: Console) -> None:
     t = session.transports
     with console.status("checking existing environments…"):
-        status = on_all("checking environments", plan.hosts, lambda hp: hp.host.name,
-                        lambda hp: agent_answer(t[hp.host.name].run(
-                            hp.status.line, stdin=stages[hp.host.name], timeout=120),
-                            hp.host, "environment check", EnvStatus))
+        status = session.ask_all("checking environments", plan.hosts, lambda hp: hp.status,
+                                 timeout=120, body=lambda hp: stages[hp.host.name])
     todo = []
     for hp in plan.hosts:
         p = progress[hp.host.name]
@@ -136,60 +131,42 @@ def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: li
 
 def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, HostProgress],
                console: Console) -> None:
+    """Every host's build at once, each step and pip line a frame of its answer, shown live.
+    Ctrl-C leaves the loop; the cleanup that follows stops each host's pip (its recorded
+    process group)."""
     lock = threading.Lock()
-    streams: dict[str, LineStream] = {}
-    interrupted = threading.Event()
 
-    def build(hp: HostSetup) -> None:
+    def build(hp: HostSetup) -> Reply:
         p = progress[hp.host.name]
         p.state, p.started = "building", time.monotonic()
-        stream = session.transports[hp.host.name].stream(hp.build.line)
-        with lock:
-            streams[hp.host.name] = stream
-            if interrupted.is_set():     # opened just after Ctrl-C: closed like the others
-                stream.close()
-        try:
-            for raw in stream:
-                doc = setup_event(raw)
-                with lock:
-                    p.apply(doc)
-        except Exception as exc:  # the stream broke: shown as this host's failure
-            with lock:
-                p.state, p.line = "failed", f"lost contact: {exc}"
-        finally:
-            stream.close()
-            with lock:
-                if p.state == "building":
-                    p.state, p.line = "failed", "the setup ended without an answer"
-                p.ended = time.monotonic()
 
-    pool = ThreadPoolExecutor(max_workers=min(32, len(todo)))
-    try:
-        with Live(progress_table(progress), console=console, refresh_per_second=4,
-                  transient=True) as live:
-            futures = [pool.submit(build, hp) for hp in todo]
-            while not all(f.done() for f in futures):
-                time.sleep(0.2)
-                with lock:
-                    live.update(progress_table(progress))
-    except BaseException:
-        # Ctrl-C: stop following, so that the readers end now rather than with pip; the
-        # cleanup that follows stops each host's pip (its recorded process group).
-        with lock:
-            interrupted.set()
-            opened = list(streams.values())
-        for stream in opened:
-            stream.close()
-        raise
-    finally:
-        pool.shutdown(wait=True)
+        def on_frame(event: SetupEvent) -> None:
+            with lock:
+                p.apply(event)
+
+        def on_end(reply: Reply) -> None:
+            with lock:
+                if reply.answer is not None:
+                    p.apply(reply.answer)
+                else:
+                    p.state, p.line = "failed", reply.error
+                p.ended = time.monotonic()
+        return session.agents[hp.host.name].ask(hp.build, "building the environment",
+                                                on_frame=on_frame, on_end=on_end)
+
+    replies = [build(hp) for hp in todo]
+    with Live(progress_table(progress), console=console, refresh_per_second=4,
+              transient=True) as live:
+        while not all(reply.done.is_set() for reply in replies):
+            time.sleep(0.2)
+            with lock:
+                live.update(progress_table(progress))
 
 
 def _cleanup(session: Session, plan: SetupPlan) -> dict[str, str]:
     """Delete each host's setup run directory (a failed build inside it goes too)."""
-    results, errors = on_each(plan.hosts, lambda hp: hp.host.name, lambda hp: agent_answer(
-        session.transports[hp.host.name].run(hp.cleanup.line, timeout=120), hp.host, "cleanup",
-        Stopped))
+    results, errors = session.ask_each("cleanup", plan.hosts, lambda hp: hp.cleanup,
+                                       timeout=120)
     problems = {name: str(error) for name, error in errors.items()}
     problems.update({name: f"processes left: {list(stopped.survivors)}"
                      for name, stopped in results.items() if stopped.survivors})

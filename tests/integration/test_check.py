@@ -14,7 +14,6 @@ from netns import NetnsHost, NetnsUnavailable
 
 from sshlab import SshLab, unreachable_entry
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 

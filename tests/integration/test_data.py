@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from procs import wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "--epochs 1 --steps-per-epoch 2"

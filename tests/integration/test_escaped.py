@@ -15,7 +15,6 @@ import pytest
 
 from procs import ESCAPING_PAYLOAD, escaped_pids, processes_of_run, wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 

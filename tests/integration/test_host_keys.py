@@ -11,7 +11,6 @@ import pytest
 
 from sshlab import SshLab, unreachable_entry
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 

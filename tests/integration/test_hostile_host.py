@@ -21,7 +21,6 @@ from test_train import REPO, assert_nothing_left, only_run
 import hostile
 from tampered import ESCAPE_STATE, TamperedPython
 
-pytestmark = pytest.mark.integration
 
 # Epoch events, an output file, a backup file; task 1 fails once on the first attempt, when
 # the test asks (for --restarts); every task waits for a stop when the test asks (--detach).

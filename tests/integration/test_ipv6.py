@@ -15,7 +15,6 @@ import pytest
 from procs import wait_until_gone
 from sshlab import SshLab, ipv6_loopback_missing
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = "--epochs 2 --steps-per-epoch 5"

@@ -23,7 +23,6 @@ from netns import NetnsHost, NetnsUnavailable
 from procs import end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 
-pytestmark = pytest.mark.integration
 
 # Prints a line five times a second for five minutes: a payload without TensorFlow, which
 # nothing but the controller would notice stopping.

@@ -12,7 +12,6 @@ import pytest
 from test_runs import inv, lab_with_payload
 from test_train import assert_nothing_left, only_run
 
-pytestmark = pytest.mark.integration
 
 # SO_REUSEADDR as servers set it (a port's TIME_WAIT connections do not stop them); not
 # SO_REUSEPORT, which would let a second server bind beside it.

@@ -8,12 +8,10 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 from test_ssh_config import assert_trained_and_gone, empty_home, inv, train, write_yaml
 
 from sshlab import SshLab
 
-pytestmark = pytest.mark.integration
 
 RELAY = Path(__file__).resolve().parents[1] / "relay.py"
 RELAY_SOURCE = "127.0.0.250"      # the relay's connections, and only they, come from here

@@ -18,7 +18,6 @@ from procs import end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 from test_train import inv, only_run
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = {"h1": {"role": "chief"}, "h2": {"workers": 2}, "h3": {"role": "ps"},

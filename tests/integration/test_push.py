@@ -9,11 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from procs import wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "--epochs 1 --steps-per-epoch 2"

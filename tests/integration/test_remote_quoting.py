@@ -23,7 +23,6 @@ from deploy.push.payload import PayloadPush
 from deploy.cluster.session import Session
 from deploy.state.record import new_run_id
 
-pytestmark = pytest.mark.integration
 
 CANARY = Path(tempfile.gettempdir()) / f"tfdeploy-quoting-canary-{os.getpid()}"
 DUMP = ("import json, os, sys\n"

@@ -17,7 +17,6 @@ import pytest
 from procs import processes_of_run
 from tmpfs import tmpfs
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 MB = 10 ** 6

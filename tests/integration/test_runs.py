@@ -17,8 +17,6 @@ from test_train import REPO, assert_nothing_left, crash_payload, interrupt, wait
 
 from procs import end, processes_of_run, wait_for_processes, wait_until_gone
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def lab(ssh_lab, tmp_path):

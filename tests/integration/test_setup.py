@@ -4,6 +4,7 @@ requirements.txt builds a new one beside it; `inv train` then runs tasks with it
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -13,14 +14,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
 
+from deploy.host import venv as hostenv
+from hostpkg import fake_env
 from procs import end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 # The PATH of a command run by sshd for root, which SetEnv replaces (OpenSSH's SUPERUSER_PATH).
@@ -289,3 +292,47 @@ def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(
         assert freed.returncode == 0, freed.stdout + freed.stderr
         assert "h1: freed" in freed.stdout and "2 environment(s)" in freed.stdout, freed.stdout
         assert envs(workdir) == []
+
+
+def build_as_holder(envdir: str, want: dict, held, release) -> None:
+    """Another host sharing the workdir: it takes the build lock, builds (a fake environment),
+    and lets go when told."""
+    with hostenv.build_lock(envdir, "h1", lambda event: None):
+        held.set()
+        release.wait(30)
+        fake_env(Path(envdir), want)
+
+
+def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_path):
+    """h1 builds; h2 (another process, as another host) finds the environment missing, waits
+    for the lock saying whose build it waits for, then reuses what h1 built."""
+    rundir = tmp_path / "work" / "runs" / "setup-1-h2"
+    rundir.mkdir(parents=True)
+    (rundir / "requirements.txt").write_text("tinypkg==1.0\n")
+    want = hostenv.wanted(str(rundir))
+    envdir = tmp_path / "work" / "envs" / "e"
+    envdir.parent.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=build_as_holder, args=(str(envdir), want, held, release))
+    holder.start()
+    done, told = [], []
+    try:
+        assert held.wait(10)
+        waiter = threading.Thread(target=lambda: done.append(
+            hostenv.setup(str(rundir), "h2", False, told.append, str(envdir))))
+        with mock.patch.object(hostenv, "WAIT_POLL", 0.05):
+            waiter.start()
+            time.sleep(0.5)
+            assert not done
+            release.set()
+            waiter.join(30)
+    finally:
+        release.set()
+        holder.join()
+    assert done[0]["reused"] is True and done[0]["env"] == str(envdir)
+    texts = [event.get("text", "") for event in told]
+    assert any(t.startswith("waiting for h1, which builds this environment (") for t in texts)
+    assert texts[-1] == "environment built meanwhile: reusing it"
+    assert (envdir.parent / "e.lock").read_text() == "h2"     # the last holder's name
+    assert not (rundir / "env-build").exists()

@@ -24,7 +24,6 @@ from test_train import REPO, assert_nothing_left
 from procs import default_signals, end, processes_of_run
 from sshlab import SshLab
 
-pytestmark = pytest.mark.integration
 
 SCRIPT = """\
 import os, sys, time

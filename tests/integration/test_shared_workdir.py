@@ -18,7 +18,6 @@ from test_train import assert_nothing_left, only_run
 
 from procs import processes_of_run, wait_for_processes, wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 SCRIPT = """\
 import os, sys, time

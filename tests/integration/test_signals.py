@@ -5,6 +5,7 @@ The payload is a small script that prints epoch events (TensorFlow is not the po
 every test takes seconds."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pty
@@ -12,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -21,7 +23,6 @@ from test_train import REPO, assert_nothing_left, wait_for_first_epoch
 
 from procs import default_signals, end, processes_of_run, wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 EPOCHS = """\
 import json, os, signal, sys, time
@@ -195,3 +196,43 @@ def test_a_second_ctrl_c_abandons_the_teardown_and_names_inv_down(lab, tmp_path)
         assert_nothing_left(runs / run_id, hosts)
     finally:
         clean_up(controller, run_id, hosts)
+
+
+def test_after_a_hangup_writes_to_the_dead_terminal_go_nowhere_instead_of_failing(tmp_path):
+    """A process whose terminal was closed (the pty's master end gone) gets EIO on every
+    write; the controller's output, print and rich alike, survives it (no SIGHUP is sent
+    here: the write fails first)."""
+    script = textwrap.dedent("""
+        import os, sys, traceback
+        from rich.console import Console
+        from deploy.run.signals import controller_signals
+        def report(*exc):
+            traceback.print_exception(*exc, file=open("result", "a"))
+        sys.excepthook = report
+        os.read(0, 1)                       # the test closes the terminal, then lets us on
+        try:
+            os.write(1, b"x")
+            print("wrote to a dead terminal", file=open("result", "w"))
+        except OSError as exc:
+            print(f"before: {exc.errno}", end=" ", file=open("result", "w"))
+        with controller_signals():
+            console = Console()
+            for _ in range(1000):
+                print("the end of a run nobody watches", flush=True)
+                console.print("[bold]and its summary[/]")
+                print("and a warning", file=sys.stderr, flush=True)
+        print("after: ok", file=open("result", "a"))
+    """)
+    master, slave = pty.openpty()
+    rd, wr = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=rd, stdout=slave,
+                             stderr=slave, cwd=tmp_path, start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    os.close(slave)
+    os.close(rd)
+    os.close(master)
+    os.write(wr, b"go")
+    os.close(wr)
+    code = child.wait(timeout=30)
+    assert (tmp_path / "result").read_text() == f"before: {errno.EIO} after: ok\n"
+    assert code == 0

@@ -15,8 +15,7 @@ import pytest
 import procs
 from slurmlab import SlurmLab, missing, parse_fields
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(missing() is not None, reason=missing() or "")]
+pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from netns import NetnsUnavailable
 from procs import wait_until_gone
 from sshlab import SshLab
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = "--epochs 2 --steps-per-epoch 5"

@@ -16,8 +16,6 @@ import yaml
 from procs import processes_of_run, wait_until_gone
 from sshlab import LabHost, SshLab
 
-pytestmark = pytest.mark.integration
-
 
 def connect(host: LabHost) -> paramiko.SSHClient:
     """A strict client: only the lab's known_hosts, unknown hosts rejected, only the lab key."""

@@ -16,13 +16,11 @@ import fcntl
 import time
 from pathlib import Path
 
-import pytest
 from matplotlib.image import imread
 
 from deploy.console.lines import is_tensorflow_chatter
 from procs import wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")

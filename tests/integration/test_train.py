@@ -13,7 +13,6 @@ import pytest
 
 from procs import end, processes_of_run, wait_until_gone
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = "--epochs 2 --steps-per-epoch 5"

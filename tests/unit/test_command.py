@@ -1,6 +1,6 @@
-"""Command and Request values: each kind of word quoted as it says, through a real /bin/sh (run
-locally; nothing here touches the network); secrets masked wherever a command or request is
-shown; the launch's environment only in the request as it goes on the wire."""
+"""Command and Request values: each kind of word quoted as it says (through a real /bin/sh in
+tests/integration/test_shell.py); secrets masked wherever a command or request is shown; the
+launch's environment only in the request as it goes on the wire."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,19 +8,13 @@ import json
 import queue
 
 import pytest
-from test_shell import HOME, HOSTILE, printf_words, through_shell
 
-import hostpkg
 from deploy.errors import BadInput
-from deploy.host.archive import Limits
-from deploy.host.protocol import Stopped
+from deploy.host.protocol import LaunchRequest, MeshDialRequest
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.command import Command, HostPath, Request, Shell
-from deploy.plan.planner import (
-    Options, agent_command, cleanup_request, fetch_backup_request, plan_run,
-    replace_backup_request
-)
+from deploy.plan.planner import Options, agent_command, plan_run
 from deploy.plan.text import plan_document, plan_text
 from deploy.cluster.hostagent import HostAgent
 from deploy.cluster.session import Session
@@ -39,50 +33,10 @@ def test_each_kind_of_word_is_quoted_as_it_says():
     assert Command(("printf", "%s", "&&", "~/x")).line == "printf %s '&&' '~/x'"
 
 
-def test_shell_words_are_syntax_and_values_are_not():
-    assert through_shell(Command(("echo", "a", Shell("&&"), "echo", "b")).line) == b"a\nb\n"
-    assert through_shell(Command(("echo", "a", "&&", "echo", "b")).line) == b"a && echo b\n"
-
-
-@pytest.mark.parametrize("kind", [str, HostPath])
-def test_hostile_words_of_every_kind_arrive_literally(kind, tmp_path):
-    canary = tmp_path / "pwned"
-    values = [v.replace("/tmp/tfdeploy-pwned", str(canary)) for v in HOSTILE]
-    words = [kind(v) for v in values if kind is str or not v.startswith("~")]
-    assert printf_words(Command(tuple(words)).line) == [w.encode() for w in words]
-    under_home = [HostPath("~/" + v) for v in values]
-    assert printf_words(Command(tuple(under_home)).line) == [
-        f"{HOME}/{v}".encode() for v in values]
-    assert not canary.exists()
-
-
 def test_a_nul_is_refused_when_the_command_is_made():
     for word in ("a\0b", HostPath("~/a\0b"), Shell("\0")):
         with pytest.raises(BadInput, match="NUL"):
             Command(("printf", word))
-
-
-def test_requests_work_in_a_hostile_run_dir(tmp_path):
-    """The backup's fetch and replace, and the cleanup of a run that never arrived, with a
-    run dir whose name a shell would expand if it ever reached one."""
-    canary = tmp_path / "pwned"
-    chief = tmp_path / f"chief $(touch {canary})"
-    (chief / "backup").mkdir(parents=True)
-    (chief / "backup" / "state").write_text("epoch 2")
-    other = tmp_path / "runs" / f"other `touch {canary}`; x"
-    other.mkdir(parents=True)
-    (other / "run.json").write_text(json.dumps({"run_id": other.name}))
-    host = hostpkg.local_host()
-    with hostpkg.LocalAgent(host) as local:
-        archive = hostpkg.fetched(local.agent, fetch_backup_request(str(chief), Limits()),
-                                  tmp_path)
-        local.agent.ask(replace_backup_request(str(other), Limits()), "replace",
-                        archive).wait(30)
-        assert (other / "backup" / "state").read_text() == "epoch 2"
-        answer = local.agent.ask(cleanup_request(host, str(tmp_path / "never $(id)"), 1),
-                                 "cleanup").wait(30)
-    assert answer == Stopped(absent=True)
-    assert not canary.exists()
 
 
 def test_a_command_shows_what_it_reads():
@@ -92,23 +46,28 @@ def test_a_command_shows_what_it_reads():
 
 
 def test_secrets_are_masked_wherever_a_request_is_shown():
-    request = Request("launch", (HostPath("~/runs/r1"), "0", "$(id)"), ENV, body="nothing")
-    assert request.shown() == "agent: launch ~/runs/r1 0 '$(id)'    < nothing"
+    request = Request(LaunchRequest(HostPath("~/runs/r1"), "0", "$(id)", ("a b",)), ENV,
+                      body="nothing")
+    assert request.shown() == \
+        "agent: launch rundir=~/runs/r1 task=0 cwd='$(id)' argv=['a b']    < nothing"
     assert request.shown_env() == {"PLAIN": "a b", "TOKEN": "***"}
     for shown in (request.shown(), repr(request), str(request),
                   json.dumps(request.shown_env())):
         assert SECRET not in shown
     assert "'TOKEN': '***'" in repr(request)
-    assert Request("poll").shown() == "agent: poll"        # nothing comes with it
+    assert Request(MeshDialRequest()).shown() == "agent: mesh-dial"    # nothing comes with it
 
 
 def test_the_environment_goes_on_the_wire_with_the_real_values():
-    request = Request("launch", (HostPath("~/r"), "0", "~/literal"), ENV)
-    assert request.wire() == {"verb": "launch", "args": ["~/r", "0", "~/literal"], "home": [0],
-                              "env": {"PLAIN": "a b", "TOKEN": SECRET}}
+    request = Request(LaunchRequest(HostPath("~/r"), "0", "~/literal", (HostPath("~/py"), "~/x")),
+                      ENV)
+    assert request.wire() == {
+        "verb": "launch", "fields": {"rundir": "~/r", "task": "0", "cwd": "~/literal",
+                                     "argv": ["~/py", "~/x"]},
+        "home": ["rundir", "argv.0"], "env": {"PLAIN": "a b", "TOKEN": SECRET}}
     assert request.wire(TFDEPLOY_ATTEMPT="2")["env"] == {
         "PLAIN": "a b", "TOKEN": SECRET, "TFDEPLOY_ATTEMPT": "2"}
-    assert Request("poll").wire() == {"verb": "poll", "args": [], "home": []}
+    assert Request(MeshDialRequest()).wire() == {"verb": "mesh-dial", "fields": {}, "home": []}
     assert json.loads(json.dumps(request.wire())) == request.wire()     # JSON as it is
 
 
@@ -178,7 +137,7 @@ def test_the_session_sends_the_launch_request_and_its_environment_with_the_attem
     assert not boot.startswith(b"{")             # the agent's boot and package come first
     (task,) = plan.tasks
     sent = json.loads(header)
-    assert sent["verb"] == "launch" and sent["args"] == list(task.launch.args)
+    assert sent["verb"] == "launch" and sent["fields"] == task.launch.message.fields()
     assert sent["env"] == {**{k: v.value for k, v in task.env.items()}, "TFDEPLOY_ATTEMPT": "2"}
 
 

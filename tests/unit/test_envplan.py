@@ -4,26 +4,21 @@ ready check, relocation)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import platform
-import shlex
 import sys
-import threading
-import time
-from pathlib import Path
-from unittest import mock
 
 import pytest
 
 from deploy.host import venv as hostenv
+from hostpkg import fake_env
 from deploy.host import envkey
 from deploy.host.envkey import env_dir, env_name, env_python, host_facts, host_key
 from deploy.host.layout import RUN_ID as RUN_ID_PATTERN
 from deploy.host.layout import host_run_id
 from deploy.inventory.load import parse_inventory
 from deploy.plan.planner import Options, plan_run
-from deploy.plan.envbuild import WORKDIR_CHECK, plan_setup
+from deploy.plan.envbuild import plan_setup
 from deploy.plan.text import plan_document, plan_text
 
 RUN_ID = "20260101-000000-abcdef"
@@ -102,9 +97,9 @@ def test_train_prefers_the_env_unless_the_host_names_its_python(inventory):
     a, b, c = plan.hosts
     assert (a.env_requirements, b.env_requirements) == (REQ, None)
     assert a.env_python == f"~/.tfdeploy/envs/{REQ[:16]}-<host key>/bin/python"
-    assert f" launch {a.run_dir} 0 {a.run_dir}/payload {REQ} -- python3 " \
+    assert f" launch rundir={a.run_dir} task=0 cwd={a.run_dir}/payload argv=[python3 " \
         in a.tasks[0].launch.shown()
-    assert a.tasks[0].launch.args[3] == REQ
+    assert a.tasks[0].launch.message.requirements == REQ
     assert " launch " in b.tasks[0].launch.shown() and REQ not in b.tasks[0].launch.shown()
     assert plan_run(inventory, Options(), RUN_ID).hosts[0].env_python is None   # no requirements
     text = plan_text(plan)
@@ -123,28 +118,23 @@ def test_setup_plan_commands(inventory):
     assert plain.run_id == f"setup-{RUN_ID}-plain" and RUN_ID_PATTERN.match(plain.run_id)
     assert len({hp.run_dir for hp in plan.hosts}) == len(plan.hosts)
     assert plain.run_dir == f"~/.tfdeploy/runs/setup-{RUN_ID}-plain"
-    # The workdir is checked first, by the host's python, before anything is written.
-    check = f"python3 -I -S -c {shlex.quote(WORKDIR_CHECK)} ~/.tfdeploy && "
-    assert plain.status.line.startswith(check + f"mkdir -p {plain.run_dir} && tar -xzf - -C ")
-    assert plain.status.line.endswith(f" envstatus {plain.run_dir}")
-    assert plain.build.line.endswith(f" setup {plain.run_dir} plain wheelhouse")
+    # Every step is a request to the host's agent, which checks the workdir before the status
+    # request's stage is written; only the wheelhouse streams into `tar`.
+    assert plain.status.shown() == (f"agent: env-status rundir={plain.run_dir}    "
+                                    "< tar.gz of run.json and requirements.txt")
+    assert plain.build.shown() == \
+        f"agent: env-build rundir={plain.run_dir} host=plain wheelhouse=true"
+    assert plain.build.wire()["home"] == ["rundir"]
     assert plain.wheels.line == f"tar -xf - -C {plain.run_dir}"
-    assert f" cleanup {plain.run_dir} " in plain.cleanup.line
+    assert plain.cleanup.shown() == f"agent: cleanup rundir={plain.run_dir} grace=1.0 host=plain"
     bare = plan_setup(inventory, "setup-" + RUN_ID, wheelhouse=False).hosts[0]
-    assert bare.build.line.endswith(f" setup {plain.run_dir} plain")
+    assert bare.build.message.wheelhouse is False
 
 
 def test_a_host_run_id_is_a_run_id_whatever_the_host_is_called():
     assert host_run_id("setup-1", "h1") == "setup-1-h1"
     long = host_run_id("setup-" + RUN_ID, "h" * 200)
     assert RUN_ID_PATTERN.match(long) and long != host_run_id("setup-" + RUN_ID, "h" * 201)
-
-
-def fake_env(root: Path, want: dict) -> Path:
-    (root / "bin").mkdir(parents=True)
-    (root / "bin" / "python").symlink_to(sys.executable)
-    (root / hostenv.MARKER).write_text(json.dumps(want))
-    return root
 
 
 def test_an_env_is_ready_only_for_the_same_requirements_and_python(tmp_path):
@@ -178,46 +168,3 @@ def test_relocate_points_scripts_at_the_final_place(tmp_path):
     assert os.readlink(env / "bin" / "python") == sys.executable
 
 
-def build_as_holder(envdir: str, want: dict, held, release) -> None:
-    """Another host sharing the workdir: it takes the build lock, builds (a fake environment),
-    and lets go when told."""
-    with hostenv.build_lock(envdir, "h1"):
-        held.set()
-        release.wait(30)
-        fake_env(Path(envdir), want)
-
-
-def test_hosts_sharing_a_workdir_build_an_environment_once_the_others_wait(tmp_path, capsys):
-    """h1 builds; h2 (another process, as another host) finds the environment missing, waits
-    for the lock saying whose build it waits for, then reuses what h1 built."""
-    rundir = tmp_path / "work" / "runs" / "setup-1-h2"
-    rundir.mkdir(parents=True)
-    (rundir / "requirements.txt").write_text("tinypkg==1.0\n")
-    want = hostenv.wanted(str(rundir))
-    envdir = tmp_path / "work" / "envs" / "e"
-    envdir.parent.mkdir()
-    ctx = multiprocessing.get_context("fork")
-    held, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=build_as_holder, args=(str(envdir), want, held, release))
-    holder.start()
-    done = []
-    try:
-        assert held.wait(10)
-        waiter = threading.Thread(target=lambda: done.append(
-            hostenv.setup(str(rundir), str(envdir), "h2", False)))
-        with mock.patch.object(hostenv, "WAIT_POLL", 0.05):
-            waiter.start()
-            time.sleep(0.5)
-            assert not done
-            release.set()
-            waiter.join(30)
-    finally:
-        release.set()
-        holder.join()
-    assert done[0]["reused"] is True and done[0]["env"] == str(envdir)
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    texts = [line.get("text", "") for line in lines]
-    assert any(t.startswith("waiting for h1, which builds this environment (") for t in texts)
-    assert texts[-1] == "environment built meanwhile: reusing it"
-    assert (envdir.parent / "e.lock").read_text() == "h2"     # the last holder's name
-    assert not (rundir / "env-build").exists()

@@ -16,7 +16,7 @@ import pytest
 
 from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.plan.planner import (
-    AGENT_BOOT, Options, agent_command, cleanup_command, cleanup_request, credit_request,
+    AGENT_BOOT, Options, agent_command, cleanup_request, credit_request,
     follow_request, plan_run, poll_request, receive_request, stop_request
 )
 from deploy.plan.text import plan_document, plan_text
@@ -262,27 +262,31 @@ def test_requests_name_the_run_dir_and_the_agent_its_command():
     assert f"  agent:  {agent_command(b.host).shown()}" in plan_text(plan).splitlines()
     # The push names the host and its tasks, recorded in the run dir (which hosts may share);
     # the stage comes with it, the files the host lacks with its second half.
-    assert b.push.shown().startswith(f"agent: push {b.run_dir} /scratch/tf/cache b 2    < ")
-    assert receive_request(b.push).shown().startswith(
-        f"agent: receive {b.run_dir} /scratch/tf/cache b 2    < ")
+    fields = f"rundir={b.run_dir} cache_dir=/scratch/tf/cache host=b tasks=2"
+    assert b.push.shown().startswith(f"agent: push {fields}    < ")
+    assert receive_request(b.push).shown().startswith(f"agent: receive {fields}    < ")
     # The file cache sits beside runs/, outside every run dir: teardown never deletes it.
     # A ~/ workdir stays unquoted so that the host expands its own home.
     assert a.push.shown().split("    <")[0].endswith(
-        " ~/.tfdeploy/runs/" + RUN_ID + " ~/.tfdeploy/cache a 0,1")
-    assert a.push.wire()["home"] == [0, 1] and a.push.wire()["args"][2:] == ["a", "0,1"]
+        " rundir=~/.tfdeploy/runs/" + RUN_ID + " cache_dir=~/.tfdeploy/cache host=a tasks=0,1")
+    assert a.push.wire() == {"verb": "push", "home": ["rundir", "cache_dir"], "fields": {
+        "rundir": "~/.tfdeploy/runs/" + RUN_ID, "cache_dir": "~/.tfdeploy/cache", "host": "a",
+        "tasks": "0,1"}}
     # The port probe is asked of the agent, as `inv check` asks it.
-    assert b.ports.shown() == "agent: ports 5"
+    assert b.ports.shown() == "agent: ports count=5"
     launch = plan.tasks[2].launch.shown()
-    assert launch.startswith(f"agent: launch {b.run_dir} 2 "
-                             f"{b.run_dir}/payload -- ~/venv/bin/python train.py ")
-    assert stop_request(b.run_dir, 2.5).shown() == f"agent: stop {b.run_dir} 2.5"
-    assert poll_request(b.run_dir, {2: 10}).shown() == f"agent: poll {b.run_dir} 2:10"
-    assert follow_request(b.run_dir, {"1": 0}).shown() == f"agent: follow {b.run_dir} 1:0"
-    assert credit_request(7).wire() == {"verb": "credit", "args": ["7"], "home": []}
-    assert cleanup_request(b.host, b.run_dir, 3.0).shown() == f"agent: cleanup {b.run_dir} 3 b"
-    # inv setup's run directory is cleaned by a command of its own.
-    assert cleanup_command(b.host, b.run_dir, 3.0).line == (
-        f"~/venv/bin/python -I {b.run_dir}/tfdeploy-host.zip cleanup {b.run_dir} 3 b")
+    assert launch.startswith(f"agent: launch rundir={b.run_dir} task=2 "
+                             f"cwd={b.run_dir}/payload argv=[~/venv/bin/python train.py ")
+    # The host's python is a path on the host; the rest of argv is literal.
+    assert plan.tasks[2].launch.wire()["home"] == ["rundir", "cwd", "argv.0"]
+    assert stop_request(b.run_dir, 2.5).shown() == f"agent: stop rundir={b.run_dir} grace=2.5"
+    assert poll_request(b.run_dir, {"2": 10}).shown() == \
+        f"agent: poll rundir={b.run_dir} offsets='{{\"2\":10}}'"
+    assert follow_request(b.run_dir, {"1": 0}).wire()["fields"] == {
+        "rundir": b.run_dir, "offsets": {"1": 0}}
+    assert credit_request(7).wire() == {"verb": "credit", "fields": {"follow": 7}, "home": []}
+    assert cleanup_request(b.host, b.run_dir, 3.0).shown() == \
+        f"agent: cleanup rundir={b.run_dir} grace=3.0 host=b"
 
 
 @pytest.mark.parametrize("name", ["lab", "lab_ports"])

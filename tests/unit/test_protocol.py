@@ -1,26 +1,33 @@
-"""The agent's answers as typed values (deploy/host/protocol.py): every answer type decodes
-what a host sends and refuses, naming the verb and the field, any field of the wrong type; and
+"""The wire as typed values (deploy/host/protocol.py): every answer type decodes what a host
+sends and refuses, naming the verb and the field, any field of the wrong type; every request
+arrives on the host as it was made, its host paths at the host's home, and one with a field
+wrong, missing or unknown is refused naming the verb and the field; and
 the controller's reader (deploy/cluster/hostagent.py) applies them where answers arrive, with frames
 bounded by the request they answer."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
 import threading
 
 import pytest
 
 from deploy.host.frames import Bounds, FrameError, read_frame
 from deploy.host.protocol import (
-    ANSWERS, Beat, Connect, EnvStatus, Freed, Launched, MeshDialed, MeshListening, MeshResult,
-    Probe, ProtocolError, Pruned, Pushed, SetupEvent, Stopped, Tasks, TaskStatus, Unpacked,
-    answer_type, error_of
+    REQUESTS, Beat, CleanupRequest, Connect, CreditRequest, DataPushRequest,
+    DataReceiveRequest, EnvBuildRequest, EnvStatus, EnvStatusRequest, FollowRequest, Freed,
+    HostRequest, LaunchRequest, Launched, MeshCloseRequest, MeshDialRequest, MeshDialed,
+    MeshListenRequest, MeshListening, MeshResult, PollRequest, PortsRequest, Probe,
+    ProbeRequest, ProtocolError, PruneRequest, Pruned, PushRequest, Pushed, ReceiveRequest,
+    ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TarOutRequest, TaskStatus, Tasks,
+    Unpacked, answer_type, decode_request, error_of
 )
 from deploy.inventory.model import Host
-from deploy.plan.command import Request
+from deploy.plan.command import HostPath, Request
 from deploy.cluster.hostagent import HostAgent, StepFailed
 from deploy.transport.base import CommandResult
-from deploy.state.envprogress import setup_event
 
 TASK = {"state": "exited", "size": 3, "offset": 3, "pid": 41, "started": 1.5, "code": 0,
         "ended": 2.5}
@@ -69,7 +76,7 @@ def test_each_answer_decodes_what_the_agent_sends(verb):
     answer = answer_type(verb).decode(json.loads(json.dumps(doc)), verb)
     if expected is not None:
         assert answer == expected
-    assert type(answer) is ANSWERS[verb] or verb == "mesh-listen"
+    assert type(answer) is REQUESTS[verb].answer or verb == "mesh-listen"
 
 
 def wrong(value):
@@ -141,12 +148,12 @@ def test_beats_errors_and_setup_lines_are_checked_too():
     with pytest.raises(ProtocolError, match="bad answer to push: error is not text"):
         error_of({"error": ["x"]}, "push")
     assert EnvStatus.decode({"ready": False, "env": "/e"}) == EnvStatus(False, "/e")
-    assert setup_event(b'{"event": "done", "reused": true, "env": "/e", "versions": '
-                       b'{"numpy": "2"}}') == SetupEvent("done", reused=True, env="/e",
-                                                         versions={"numpy": "2"})
-    assert setup_event(b"Collecting numpy") == SetupEvent("log", text="Collecting numpy")
-    bad = setup_event(b'{"event": "step", "text": ["\\u001b[2J"]}')
-    assert bad.event == "error" and "text is not text: ['\\x1b[2J']" in bad.message
+    done = SetupEvent.decode({"event": "done", "reused": True, "env": "/e",
+                              "versions": {"numpy": "2"}})
+    assert done == SetupEvent("done", reused=True, env="/e", versions={"numpy": "2"})
+    assert done.end and not SetupEvent("log", text="Collecting numpy").end
+    with pytest.raises(ProtocolError, match=r"text is not text: \['\\x1b\[2J'\]"):
+        SetupEvent.decode({"event": "step", "text": ["\x1b[2J"]})
 
 
 # --- the reader -------------------------------------------------------------------------------
@@ -206,7 +213,7 @@ def frame(doc: dict, body: bytes = b"") -> bytes:
     return json.dumps(doc).replace('"ID"', "{id}").encode() + b"\n" + body
 
 
-POLL = Request("poll", ("/r", "0:0"))
+POLL = Request(PollRequest("/r", {"0": 0}))
 
 
 def test_a_badly_typed_answer_fails_its_step_naming_host_and_field_and_the_channel_goes_on():
@@ -218,7 +225,7 @@ def test_a_badly_typed_answer_fails_its_step_naming_host_and_field_and_the_chann
             agent.ask(POLL, "poll").wait(10)
         assert str(failed.value) == ("h1 (127.0.0.2): poll failed: bad answer to poll: "
                                      "tasks.0.started is not a finite number: 'x'")
-        assert agent.ask(Request("ports", ("1",)), "ports").wait(10).ports == (5,)
+        assert agent.ask(Request(PortsRequest(1)), "ports").wait(10).ports == (5,)
     finally:
         agent.close()
 
@@ -271,3 +278,106 @@ def test_an_archive_body_goes_to_its_file_in_pieces_never_whole():
     with pytest.raises(FrameError, match="more than the 1048576 allowed"):
         read_frame(io.BytesIO(b'{"id": 3, "length": 1048577}\n'),
                    lambda doc: Bounds(body=1 << 20, into=Sink(1 << 20)))
+
+
+# -- requests -------------------------------------------------------------------------------
+
+# One request of each verb, as the planner makes them (paths on the host are HostPaths).
+SAMPLES = [
+    ProbeRequest(HostPath("~/w"), 3, HostPath("~/data"), "e" * 64),
+    PortsRequest(2),
+    MeshListenRequest("a", "n0", 2.0, 0.5, {"20001": 2}, (("10.0.0.2", 20002, "b"),), 30.0),
+    MeshDialRequest(), MeshCloseRequest(),
+    PushRequest(HostPath("~/w/runs/r1"), HostPath("~/w/cache"), "a", "0,1"),
+    ReceiveRequest(HostPath("/w/runs/r1"), "/w/cache"),
+    DataPushRequest(HostPath("~/w/runs/r1"), HostPath("~/w/data/x"), HostPath("~/w/cache")),
+    DataReceiveRequest("/w/runs/r1", "/w/data/x", "/w/cache"),
+    LaunchRequest(HostPath("~/w/runs/r1"), "ps-0", HostPath("~/w/runs/r1/payload"),
+                  (HostPath("~/py"), "train.py", "~/literal", "$(id)"), "e" * 64),
+    PollRequest("/w/runs/r1", {"0": 10, "ps-0": 0}),
+    FollowRequest(HostPath("~/w/runs/r1"), {}),
+    CreditRequest(7),
+    StopRequest("/w/runs/r1", 2.5), CleanupRequest("/w/runs/r1", 1.0, "a"),
+    TarOutRequest("/w/runs/r1/output", 1 << 30, 10000),
+    ReplaceBackupRequest("/w/runs/r1", 1 << 30, 10000),
+    PruneRequest(HostPath("~/w"), "a", 7.0, True),
+    EnvStatusRequest(HostPath("~/w/runs/setup-1-a")),
+    EnvBuildRequest(HostPath("~/w/runs/setup-1-a"), "a", True),
+]
+
+
+def on_the_wire(request: HostRequest) -> dict:
+    return json.loads(json.dumps(Request(request).wire()))
+
+
+def at_home(value):
+    """A request's value as the host reads it: a HostPath's leading ~/ is the host's home."""
+    if isinstance(value, tuple):
+        return tuple(at_home(v) for v in value)
+    if isinstance(value, HostPath) and value.startswith("~/"):
+        return os.path.expanduser(value)
+    return value
+
+
+def test_every_verb_has_a_request_type_and_one_sample():
+    assert len(REQUESTS) >= 8
+    assert sorted(type(r).verb for r in SAMPLES) == sorted(REQUESTS)
+    assert all(dataclasses.is_dataclass(cls) for cls in REQUESTS.values())
+
+
+@pytest.mark.parametrize("request_", SAMPLES, ids=lambda r: r.verb)
+def test_a_request_arrives_as_it_was_made_its_host_paths_at_the_hosts_home(request_):
+    got = decode_request(on_the_wire(request_))
+    assert type(got) is type(request_)
+    assert got == type(request_)(**{f.name: at_home(getattr(request_, f.name))
+                                    for f in dataclasses.fields(request_)})
+    if isinstance(request_, LaunchRequest):         # only the words that are paths
+        assert got.argv[2:] == ("~/literal", "$(id)")
+
+
+def request_mutations():
+    """(verb, field, wire document) with one field of the wrong type, one missing, one too
+    many."""
+    for request_ in SAMPLES:
+        doc = on_the_wire(request_)
+        for name, value in doc["fields"].items():
+            changed = json.loads(json.dumps(doc))
+            changed["fields"][name] = 7 if isinstance(value, (str, list, dict)) else "seven"
+            yield request_.verb, name, changed
+            required = [f for f in dataclasses.fields(request_) if f.name == name and
+                        f.default is dataclasses.MISSING]
+            if required:
+                del changed["fields"][name]
+                yield request_.verb, name, changed
+        extra = json.loads(json.dumps(doc))
+        extra["fields"]["surplus"] = 1
+        yield request_.verb, "surplus", extra
+
+
+@pytest.mark.parametrize("verb, name, doc", list(request_mutations()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_a_request_with_a_field_wrong_missing_or_unknown_is_refused_naming_verb_and_field(
+        verb, name, doc):
+    with pytest.raises(ProtocolError, match=f"^bad request for {verb}: fields.{name}"):
+        decode_request(doc)
+
+
+def test_an_unknown_verb_or_a_bad_home_is_refused():
+    with pytest.raises(ValueError, match="unknown request 'explode'"):
+        decode_request({"verb": "explode", "fields": {}})
+    doc = on_the_wire(PortsRequest(2))
+    doc["home"] = ["count"]                       # not text: no home to expand
+    with pytest.raises(ProtocolError, match="fields.count is named in home"):
+        decode_request(doc)
+    doc = on_the_wire(LaunchRequest("/r", "0", "/c", ("a",)))
+    doc["home"] = ["argv.5"]
+    with pytest.raises(ProtocolError, match="fields.argv.5 is named in home"):
+        decode_request(doc)
+
+
+def test_every_request_has_one_handler_on_the_host():
+    """The agent dispatches by the request's type (deploy/host/agent.py HANDLERS), never by
+    the position of a word."""
+    from deploy.host.agent import HANDLERS, STREAMED
+    assert set(HANDLERS) | set(STREAMED) == set(REQUESTS.values())
+    assert not set(HANDLERS) & set(STREAMED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 import deploy.host
 import hostpkg
+from deploy.host.protocol import PortsRequest
 from deploy.host.boot import ZipInMemory
 from deploy.host.frames import read_frame
 from deploy.plan.planner import AGENT_BOOT, follow_request
@@ -60,7 +62,7 @@ def test_a_module_run_from_memory_shows_its_source_in_a_traceback():
 def test_the_boot_loads_the_package_from_memory_alone(tmp_path):
     """The agent's python as planned, but without site-packages (-S) and in an empty
     directory: nothing named deploy can be imported but what came on its stdin."""
-    request = json.dumps({"id": 1, "verb": "ports", "args": ["2"], "home": []}).encode()
+    request = json.dumps({"id": 1, "verb": "ports", "fields": {"count": 2}, "home": []}).encode()
     agent = subprocess.Popen([sys.executable, "-I", "-S", "-c", AGENT_BOOT], cwd=tmp_path,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
@@ -84,31 +86,35 @@ def test_the_boot_loads_the_package_from_memory_alone(tmp_path):
 def test_an_unknown_verb_is_an_error_naming_it_and_the_agent_serves_on():
     with hostpkg.LocalAgent() as agent:
         with pytest.raises(StepFailed, match="h: explode failed: unknown request 'explode'"):
-            agent.ask("explode", "x")
-        assert len(agent.ask("ports", "1").ports) == 1
+            agent.ask(hostpkg.Unchecked("explode"))
+        assert len(agent.ask(PortsRequest(1)).ports) == 1
 
 
-@pytest.mark.parametrize("verb, args, words", [
-    ("poll", (), "poll failed: IndexError"),                 # no run directory at all
-    ("stop", ("{run}", "soon"), "stop failed: could not convert string to float"),
-    ("ports", ("many",), "ports failed: invalid literal for int()"),
-    ("launch", ("/nowhere", "0", "/"), "launch failed:"),   # no `--` and no program
-    ("credit", ("x",), "credit failed:"),
+@pytest.mark.parametrize("verb, fields, words", [
+    ("poll", {}, "poll failed: bad request for poll: fields.rundir is missing"),
+    ("stop", {"rundir": "{run}", "grace": "soon"},
+     "stop failed: bad request for stop: fields.grace is not a finite number: 'soon'"),
+    ("ports", {"count": "many"}, "fields.count is not an integer: 'many'"),
+    ("ports", {"count": 1, "more": 2}, "fields.more is not a field of ports"),
+    ("launch", {"rundir": "/nowhere", "task": "0", "cwd": "/"}, "fields.argv is missing"),
+    ("launch", {"rundir": "{run}", "task": "../x", "cwd": "/", "argv": ["true"]},
+     "launch failed: not a task: '../x'"),
+    ("credit", {"follow": "x"}, "credit failed: bad request for credit: fields.follow"),
 ])
-def test_a_request_with_bad_words_is_an_error_and_the_agent_serves_on(verb, args, words,
-                                                                     tmp_path):
-    args = [str(tmp_path) if word == "{run}" else word for word in args]
+def test_a_request_with_bad_fields_is_an_error_naming_the_field_and_the_agent_serves_on(
+        verb, fields, words, tmp_path):
+    fields = {k: str(tmp_path) if v == "{run}" else v for k, v in fields.items()}
     with hostpkg.LocalAgent() as agent:
-        with pytest.raises(StepFailed, match=words):
-            agent.ask(verb, *args, timeout=10)
-        assert len(agent.ask("ports", "1").ports) == 1
+        with pytest.raises(StepFailed, match=re.escape(words)):
+            agent.ask(hostpkg.Unchecked(verb, fields), timeout=10)
+        assert len(agent.ask(PortsRequest(1)).ports) == 1
 
 
 def test_an_idle_agent_beats():
     """An agent with nothing to answer still says so every second: the controller tells a
     silent host from an idle one."""
     with hostpkg.LocalAgent() as agent:
-        agent.ask("ports", "1")
+        agent.ask(PortsRequest(1))
         longest, until = 0.0, time.monotonic() + 3.5
         while time.monotonic() < until:
             longest = max(longest, agent.agent.silent_for())
@@ -134,5 +140,5 @@ def test_a_lost_agent_fails_what_waits_and_what_is_asked_after(tmp_path):
         with pytest.raises(StepFailed, match=r"h: the connection was lost \(during: following\)"):
             waiting.wait(30)
         with pytest.raises(StepFailed, match="h: the connection was lost"):
-            agent.ask("ports", "1", timeout=5)
+            agent.ask(PortsRequest(1), timeout=5)
     assert frames[0].tasks["0"].state == "pending"

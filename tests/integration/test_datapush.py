@@ -18,7 +18,7 @@ import hostpkg
 from counting import CountingTransport
 from test_payload_push import CountingAgent
 from deploy.host import probe as hostcheck
-from deploy.host.protocol import Probe
+from deploy.host.protocol import DataPushRequest, DataReceiveRequest, LaunchRequest, Probe
 from deploy.inventory.datasource import DataSource, host_data_dir
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import InventoryError
@@ -145,11 +145,13 @@ def test_the_plan_gives_each_task_its_hosts_data_dir(lab):
                     4: f"~/.tfdeploy/data/{trees['a']}"}
     a, b, c, d = plan.hosts
     # A request to the host's agent, with the stage: it unpacks it and answers what it lacks.
-    assert a.data_push.shown().startswith(f"agent: data-push ~/.tfdeploy/runs/{RUN_ID} "
-                                          f"~/.tfdeploy/data/{trees['a']} ~/.tfdeploy/cache    < ")
+    assert a.data_push.shown().startswith(
+        f"agent: data-push rundir=~/.tfdeploy/runs/{RUN_ID} "
+        f"data_dir=~/.tfdeploy/data/{trees['a']} cache_dir=~/.tfdeploy/cache    < ")
     assert a.data_push.wire() == {
-        "verb": "data-push", "home": [0, 1, 2], "args": [
-            f"~/.tfdeploy/runs/{RUN_ID}", f"~/.tfdeploy/data/{trees['a']}", "~/.tfdeploy/cache"]}
+        "verb": "data-push", "home": ["rundir", "data_dir", "cache_dir"], "fields": {
+            "rundir": f"~/.tfdeploy/runs/{RUN_ID}", "data_dir": f"~/.tfdeploy/data/{trees['a']}",
+            "cache_dir": "~/.tfdeploy/cache"}}
     assert c.data_push is None and c.data_dir == "~/datasets/mnist"
     text = plan_text(plan)
     assert f"  data:   local shards/a -> ~/.tfdeploy/data/{trees['a']}; kept between runs" in text
@@ -207,7 +209,8 @@ def agent():
 
 
 def data_request(verb: str, rundir: Path, datadir: str) -> Request:
-    return Request(verb, (str(rundir), datadir, str(rundir.parents[1] / "cache")))
+    kind = DataPushRequest if verb == "data-push" else DataReceiveRequest
+    return Request(kind(str(rundir), datadir, str(rundir.parents[1] / "cache")))
 
 
 def want(agent, tree: DataTree, rundir: Path, datadir: str | None = None) -> dict:
@@ -334,9 +337,10 @@ def test_the_summary_counts_each_directorys_new_files_once(lab):
 def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, tmp_path):
     a, b, c, d = lab.hosts
     asked = probe_request(c)
-    assert asked.args[2] == "~/datasets/mnist" and isinstance(asked.args[2], HostPath)
-    assert asked.shown().endswith(" 5 ~/datasets/mnist ''")
-    assert probe_request(a).args[2] == ""                          # local data: nothing to ask
+    data_dir = asked.message.data_dir
+    assert data_dir == "~/datasets/mnist" and isinstance(data_dir, HostPath)
+    assert asked.shown().endswith(" ports=5 data_dir=~/datasets/mnist")
+    assert probe_request(a).message.data_dir is None               # local data: nothing to ask
     assert hostcheck.data_problem(str(tmp_path / "nowhere")) == "does not exist"
     assert hostcheck.data_problem(str(tmp_path / "lab.yaml")) == "is not a directory"
     assert hostcheck.data_problem(str(tmp_path)) is None
@@ -355,7 +359,7 @@ def test_the_agent_refuses_to_start_a_task_without_its_data_dir(agent, tmp_path)
     (rundir / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
     hostpkg.place(rundir)
     with pytest.raises(StepFailed, match=r"is not a directory on this host \(field 'data'"):
-        agent.ask("launch", rundir, "0", tmp_path, "--", sys.executable, "-c", "pass",
+        agent.ask(LaunchRequest(str(rundir), "0", str(tmp_path), (sys.executable, "-c", "pass")),
                   TFDEPLOY_RUN_ID=RUN_ID, TFDEPLOY_DATA_DIR=str(tmp_path / "nowhere"))
     assert not (tmp_path / "nowhere").exists() and not (rundir / "worker-0.pid").exists()
 

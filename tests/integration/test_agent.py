@@ -26,7 +26,10 @@ import hostpkg
 from deploy.host import venv as hostenv
 from deploy.host import envkey
 from deploy.host.archive import Limits
-from deploy.host.protocol import Stopped, Tasks, TaskStatus, Unpacked
+from deploy.host.protocol import (
+    CleanupRequest, LaunchRequest, PollRequest, PortsRequest, StopRequest, Stopped, TaskStatus,
+    Tasks, Unpacked
+)
 from deploy.host.agent import WINDOW
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
@@ -77,12 +80,12 @@ def host():
 
 def launch(host: hostpkg.LocalAgent, rundir: Path, task: int, *argv: str,
            env: dict | None = None, prefer: str | None = None) -> dict:
-    return host.ask("launch", rundir, task, rundir, *([prefer] if prefer else []), "--", *argv,
+    return host.ask(LaunchRequest(str(rundir), str(task), str(rundir), argv, prefer),
                     TFDEPLOY_RUN_ID=rundir.name, **(env or {}))
 
 
 def poll(host: hostpkg.LocalAgent, rundir: Path, task: int, offset: int = 0) -> dict:
-    return host.ask("poll", rundir, f"{task}:{offset}").tasks[str(task)]
+    return host.ask(PollRequest(str(rundir), {str(task): offset})).tasks[str(task)]
 
 
 def poll_until_ended(host: hostpkg.LocalAgent, rundir: Path, task: int,
@@ -181,7 +184,7 @@ def test_poll_of_a_task_never_launched_is_pending(host, rundir):
 
 def test_poll_refuses_a_directory_that_is_not_a_run(host, tmp_path):
     with pytest.raises(StepFailed, match="poll failed: not a tfdeploy run directory"):
-        host.ask("poll", tmp_path, "0:0")
+        host.ask(PollRequest(str(tmp_path), {"0": 0}))
 
 
 def test_a_killed_supervisor_makes_the_task_lost(host, rundir):
@@ -202,7 +205,7 @@ def wait_for_processes(run_id: str, count: int, timeout: float = 10) -> None:
 def test_stop_ends_a_sleeping_task_with_sigterm(host, rundir, run_id):
     info = launch(host, rundir, 0, "sleep", "60")
     wait_for_processes(run_id, 2)                 # the supervisor and sleep
-    result = host.ask("stop", rundir, "1")
+    result = host.ask(StopRequest(str(rundir), 1))
     assert result == Stopped(signalled={"0": ("SIGTERM",)})
     assert processes_of_run(run_id) == []
     status = poll_until_ended(host, rundir, 0)
@@ -210,7 +213,7 @@ def test_stop_ends_a_sleeping_task_with_sigterm(host, rundir, run_id):
     assert (status.state, status.code) == ("exited", 128 + signal.SIGTERM)
     assert status.pid == info.pid
     # Stopping again finds nothing to signal.
-    assert host.ask("stop", rundir, "1") == Stopped()
+    assert host.ask(StopRequest(str(rundir), 1)) == Stopped()
 
 
 def test_stop_escalates_to_kill_for_a_task_that_ignores_term(host, rundir, run_id):
@@ -218,7 +221,7 @@ def test_stop_escalates_to_kill_for_a_task_that_ignores_term(host, rundir, run_i
            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
            "print('ready', flush=True); time.sleep(60)")
     wait_for_log(rundir, 0, b"ready\n")
-    result = host.ask("stop", rundir, "0.3")
+    result = host.ask(StopRequest(str(rundir), 0.3))
     assert result == Stopped(signalled={"0": ("SIGTERM", "SIGKILL")})
     assert processes_of_run(run_id) == []
     assert poll_until_ended(host, rundir, 0).state in ("exited", "lost")
@@ -231,7 +234,7 @@ def test_stop_ends_the_processes_that_left_the_tasks_group(host, rundir, run_id)
     wait_for_log(rundir, 0, b"escaped ")
     pids = escaped_pids((rundir / "worker-0.log").read_text())
     assert set(pids) < set(processes_of_run(run_id))
-    result = host.ask("stop", rundir, "5")
+    result = host.ask(StopRequest(str(rundir), 5))
     assert list(result.escaped) == pids and result.survivors == ()
     assert result.signalled == {"0": ("SIGTERM",)}
     assert processes_of_run(run_id) == []
@@ -244,8 +247,8 @@ def test_stop_spares_other_runs_and_its_own_process(rundir, run_id, monkeypatch)
     monkeypatch.setenv("TFDEPLOY_RUN_ID", run_id)
     try:
         with hostpkg.LocalAgent() as agent:
-            assert agent.ask("stop", rundir, "1") == Stopped()
-            assert len(agent.ask("ports", "1").ports) == 1       # it is still there
+            assert agent.ask(StopRequest(str(rundir), 1)) == Stopped()
+            assert len(agent.ask(PortsRequest(1)).ports) == 1       # it is still there
         assert other.poll() is None
     finally:
         other.kill()
@@ -312,13 +315,13 @@ def test_a_follow_sends_at_most_its_window_ahead_of_the_credits(host, rundir, ru
     following.wait_for(WINDOW)
     time.sleep(0.5)              # ten more lines logged: frames beyond the window, were any sent
     assert len(following.frames) == WINDOW and not following.ended.is_set()
-    assert host.ask("poll", rundir, "0:0").tasks["0"].state == "running"  # still answers
+    assert host.ask(PollRequest(str(rundir), {"0": 0})).tasks["0"].state == "running"  # still answers
     following.credit()
     following.credit()
     assert len(following.wait_for(WINDOW + 2)) == WINDOW + 2
     time.sleep(0.3)
     assert len(following.frames) == WINDOW + 2
-    assert host.ask("stop", rundir, "5").signalled == {"0": ("SIGTERM",)}
+    assert host.ask(StopRequest(str(rundir), 5)).signalled == {"0": ("SIGTERM",)}
     following.credits = True     # from now on every frame taken is credited, as Followers do
     for _ in range(WINDOW):
         following.credit()
@@ -343,10 +346,12 @@ def test_followers_take_a_flood_of_frames_crediting_each_and_a_stop_through_them
     with hostpkg.LocalAgent(host) as local:
         # 6 MiB of log: at least six frames (a frame carries at most MAX_CHUNK of a task's
         # log), more than the window however fast the log is written.
-        flood = local.ask("launch", rundir, "0", rundir, "--", sys.executable, "-c",
-                          "import sys\nfor i in range(6144): sys.stdout.write('x' * 1023 + '\\n')",
-                          TFDEPLOY_RUN_ID=run_id)
-        local.ask("launch", rundir, "1", rundir, "--", "sleep", "60", TFDEPLOY_RUN_ID=run_id)
+        flood = local.ask(LaunchRequest(str(rundir), "0", str(rundir), (
+            sys.executable, "-c",
+            "import sys\nfor i in range(6144): sys.stdout.write('x' * 1023 + '\\n')")),
+            TFDEPLOY_RUN_ID=run_id)
+        local.ask(LaunchRequest(str(rundir), "1", str(rundir), ("sleep", "60")),
+                  TFDEPLOY_RUN_ID=run_id)
         followers = Followers(plan, {"h": local.agent})
         followers.start_all({0: 0, 1: 0})
         logged, frames, stopped, ended = b"", 0, None, False
@@ -381,20 +386,20 @@ def test_cleanup_refuses_a_directory_not_named_after_its_run(host, rundir, tmp_p
     impostor.mkdir()
     (impostor / "run.json").write_text(json.dumps({"run_id": run_id}))
     with pytest.raises(StepFailed, match="refusing to delete"):
-        host.ask("cleanup", impostor, "1")
+        host.ask(CleanupRequest(str(impostor), 1))
     assert (impostor / "run.json").exists()
     # Named after the run, but not below a runs/ directory.
     stray = tmp_path / "elsewhere" / run_id
     stray.mkdir(parents=True)
     (stray / "run.json").write_text(json.dumps({"run_id": run_id}))
     with pytest.raises(StepFailed, match="refusing to delete"):
-        host.ask("cleanup", stray, "1")
+        host.ask(CleanupRequest(str(stray), 1))
     assert stray.exists()
     # No run.json at all.
     bare = tmp_path / "work" / "runs" / "bare"
     bare.mkdir()
     with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
-        host.ask("cleanup", bare, "1")
+        host.ask(CleanupRequest(str(bare), 1))
     assert bare.exists()
 
 
@@ -403,7 +408,7 @@ def test_cleanup_stops_the_run_and_removes_its_directory(host, rundir, tmp_path,
     wait_for_processes(run_id, 2)
     (rundir / "output").mkdir()
     (rundir / "output" / "model.bin").write_bytes(b"\0" * 10)
-    result = host.ask("cleanup", rundir, "1")
+    result = host.ask(CleanupRequest(str(rundir), 1))
     assert result.survivors == () and result.removed == os.path.realpath(rundir)
     assert result.signalled == {"0": ("SIGTERM",)}
     assert not rundir.exists()
@@ -413,11 +418,11 @@ def test_cleanup_stops_the_run_and_removes_its_directory(host, rundir, tmp_path,
 
 def test_unknown_verb_fails(host, rundir):
     with pytest.raises(StepFailed, match="unknown request 'explode'"):
-        host.ask("explode", rundir)
-    # The host package's own command line has its few verbs and refuses the others.
+        host.ask(hostpkg.Unchecked("explode"))
+    # The host package's own command line has one verb (supervise) and refuses the others.
     done = subprocess.run([*hostpkg.command(rundir), "explode", str(rundir)],
                           capture_output=True, text=True, timeout=30)
-    assert done.returncode != 0 and "unknown verb" in done.stderr
+    assert done.returncode != 0 and "usage: supervise RUNDIR TASK -- ARGV" in done.stderr
 
 
 # ---- a planned run, pushed and launched through the local transport --------------------------
@@ -523,7 +528,7 @@ def test_stop_kills_a_group_that_ignores_term_without_waiting_the_grace(host, ru
     wait_for_log(rundir, 0, b"ready\n")
     wait_for_processes(run_id, 4)
     started = time.monotonic()
-    result = host.ask("stop", rundir, "30")
+    result = host.ask(StopRequest(str(rundir), 30))
     took = time.monotonic() - started
     assert result == Stopped(signalled={"0": ("SIGTERM", "SIGKILL"), "1": ("SIGTERM",)})
     assert took < 15, f"stop waited {took:.1f} s: the 30 s grace was not cut short"
@@ -537,7 +542,7 @@ def test_a_task_that_handles_term_keeps_its_grace(host, rundir, run_id):
            "flush=True)); print('ready', flush=True); time.sleep(60)")
     wait_for_log(rundir, 0, b"ready\n")
     started = time.monotonic()
-    result = host.ask("stop", rundir, "1.5")
+    result = host.ask(StopRequest(str(rundir), 1.5))
     assert time.monotonic() - started >= 1.5
     assert result == Stopped(signalled={"0": ("SIGTERM", "SIGKILL")})
     assert b"term\n" in (rundir / "worker-0.log").read_bytes()
@@ -590,7 +595,7 @@ def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(host, rundir
     def step() -> None:
         try:
             hostenv.run_logged([sys.executable, "-c", "import time; time.sleep(60)"],
-                               str(rundir))
+                               str(rundir), lambda event: None)
         except BaseException as exc:       # its group was stopped under it: expected
             ended.append(exc)
     thread = threading.Thread(target=step)
@@ -602,7 +607,7 @@ def test_cleanup_stops_the_running_setup_step_by_its_recorded_group(host, rundir
             time.sleep(0.02)
         pid = json.loads((rundir / hostenv.BUILD_PID).read_text())["pgid"]
         assert os.getpgid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
-        result = host.ask("cleanup", rundir, "1")
+        result = host.ask(CleanupRequest(str(rundir), 1))
         assert result.signalled == {"build": ("SIGTERM",)} and result.survivors == ()
         assert not rundir.exists() and processes_of_run(run_id) == []
     finally:

@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 
@@ -12,12 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hostpkg
 from deploy.errors import BadInput
+from deploy.host.archive import Limits
+from deploy.host.protocol import LaunchRequest, Stopped, decode_request
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
-from deploy.host.agent import expanded
-from deploy.plan.command import Command, HostPath, Request, split_args
-from deploy.plan.planner import Options, plan_run
+from deploy.plan.command import Command, HostPath, Request, Shell, split_args
+from deploy.plan.planner import (
+    Options, cleanup_request, fetch_backup_request, plan_run, replace_backup_request
+)
 
 HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/tfdeploy-pwned)", "`id`", "; rm -rf ~",
            "line\nbreak", "trailing\n", "\n", "naïve ☃ 日本", "$HOME", "${HOME}", "*", "?",
@@ -85,16 +90,23 @@ def test_a_host_path_lets_the_host_expand_its_home():
     assert through_shell(f"printf %s {quoted(HostPath('~/~/x'))}") == f"{HOME}/~/x".encode()
 
 
+def sent_argv(words) -> list[str]:
+    """Words as a launch's argv, as the agent decodes them (protocol.py decode_request)."""
+    wire = Request(LaunchRequest("/r", "0", "/c", tuple(words))).wire()
+    return list(decode_request(json.loads(json.dumps(wire))).argv)
+
+
 def test_a_host_path_in_a_request_is_expanded_by_the_agent_as_a_shell_would():
-    """The agent (agent.py expanded) gives a HostPath word the meaning the shell gave it:
-    only a leading ~/ (or ~ alone) is the host's home; every other word is literal."""
+    """The agent (protocol.py decode_request) gives a HostPath word the meaning the shell
+    gave it: only a leading ~/ (or ~ alone) is the host's home; every other word is
+    literal."""
     words = (HostPath("~/x y"), HostPath("~"), HostPath("/tmp/$(id)"), HostPath("/a/~/b"),
              HostPath("~root/x"), HostPath("~/~/x"), "~/literal", "~")
-    assert expanded(Request("v", words).wire()) == [
+    assert sent_argv(words) == [
         f"{HOME}/x y", HOME, "/tmp/$(id)", "/a/~/b", "~root/x", f"{HOME}/~/x", "~/literal", "~"]
     for word in words:
         assert through_shell(f"printf %s {quoted(word)}").decode() == \
-            expanded(Request("v", (word,)).wire())[0]
+            sent_argv([word])[0]
 
 
 @settings(max_examples=80, deadline=None)
@@ -136,17 +148,16 @@ def local_plan(args, env_values):
 
 
 def launch_tail(task) -> str:
-    """The words after the agent's `--` as --dry-run shows them: interpreter, entry script and
+    """The launch's argv as --dry-run shows it (`argv=[...]`): interpreter, entry script and
     the script's args."""
     shown = task.launch.shown()
-    assert shown.count(" -- ") >= 1
-    return shown.split(" -- ", 1)[1]
+    assert shown.count(" argv=[") == 1 and shown.endswith("]")
+    return shown.split(" argv=[", 1)[1][:-1]
 
 
 def sent_tail(task) -> list[str]:
     """The same words as the agent receives them (after its expansion of the host's paths)."""
-    args = expanded(task.launch.wire())
-    return args[args.index("--") + 1:]
+    return list(decode_request(json.loads(json.dumps(task.launch.wire()))).argv)
 
 
 @settings(max_examples=60, deadline=None)
@@ -171,11 +182,50 @@ def test_hostile_args_and_env_in_a_planned_launch(tmp_path):
     assert printf_words(launch_tail(task)) == [b"/py", b"train.py"] + [a.encode() for a in args]
     assert secret not in task.launch.shown() and "multi\nline" not in task.launch.shown()
     assert secret not in repr(task.launch)
-    # The words before the tail are the agent's own and also come out as they should.
-    head = task.launch.shown().split(" -- ", 1)[0]
+    # The fields before argv are the agent's own and also come out as they should.
+    assert task.launch.shown().startswith(
+        "agent: launch rundir=~/.tfdeploy/runs/r1 task=0 cwd=~/.tfdeploy/runs/r1/payload ")
+    sent = decode_request(json.loads(json.dumps(task.launch.wire())))
     rundir = f"{HOME}/.tfdeploy/runs/r1"
-    assert printf_words(head) == [b"agent:", b"launch", rundir.encode(), b"0",
-                                  f"{rundir}/payload".encode()]
-    sent = expanded(task.launch.wire())
-    assert sent[:sent.index("--")] == [rundir, "0", f"{rundir}/payload"]
+    assert (sent.rundir, sent.task, sent.cwd) == (rundir, "0", f"{rundir}/payload")
     assert not os.path.exists(canary)
+
+
+def test_shell_words_are_syntax_and_values_are_not():
+    assert through_shell(Command(("echo", "a", Shell("&&"), "echo", "b")).line) == b"a\nb\n"
+    assert through_shell(Command(("echo", "a", "&&", "echo", "b")).line) == b"a && echo b\n"
+
+
+@pytest.mark.parametrize("kind", [str, HostPath])
+def test_hostile_words_of_every_kind_arrive_literally(kind, tmp_path):
+    canary = tmp_path / "pwned"
+    values = [v.replace("/tmp/tfdeploy-pwned", str(canary)) for v in HOSTILE]
+    words = [kind(v) for v in values if kind is str or not v.startswith("~")]
+    assert printf_words(Command(tuple(words)).line) == [w.encode() for w in words]
+    under_home = [HostPath("~/" + v) for v in values]
+    assert printf_words(Command(tuple(under_home)).line) == [
+        f"{HOME}/{v}".encode() for v in values]
+    assert not canary.exists()
+
+
+def test_requests_work_in_a_hostile_run_dir(tmp_path):
+    """The backup's fetch and replace, and the cleanup of a run that never arrived, with a
+    run dir whose name a shell would expand if it ever reached one."""
+    canary = tmp_path / "pwned"
+    chief = tmp_path / f"chief $(touch {canary})"
+    (chief / "backup").mkdir(parents=True)
+    (chief / "backup" / "state").write_text("epoch 2")
+    other = tmp_path / "runs" / f"other `touch {canary}`; x"
+    other.mkdir(parents=True)
+    (other / "run.json").write_text(json.dumps({"run_id": other.name}))
+    host = hostpkg.local_host()
+    with hostpkg.LocalAgent(host) as local:
+        archive = hostpkg.fetched(local.agent, fetch_backup_request(str(chief), Limits()),
+                                  tmp_path)
+        local.agent.ask(replace_backup_request(str(other), Limits()), "replace",
+                        archive).wait(30)
+        assert (other / "backup" / "state").read_text() == "epoch 2"
+        answer = local.agent.ask(cleanup_request(host, str(tmp_path / "never $(id)"), 1),
+                                 "cleanup").wait(30)
+    assert answer == Stopped(absent=True)
+    assert not canary.exists()

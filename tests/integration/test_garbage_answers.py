@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import hostpkg
+from deploy.host.protocol import PollRequest, PortsRequest
 from deploy.host.frames import MAX_CHUNK, FrameError, read_frame
 from deploy.cluster.hostagent import StepFailed
 
@@ -29,7 +30,7 @@ def test_a_banner_before_the_agent_is_quoted_with_the_host(tmp_path):
     host = dataclasses.replace(hostpkg.local_host(str(tmp_path / "work")), python=python)
     with hostpkg.LocalAgent(host) as agent:
         with pytest.raises(StepFailed) as failed:
-            agent.ask("ports", "1")
+            agent.ask(PortsRequest(1))
     message = str(failed.value)
     assert message.startswith("h: ") and "Welcome to h!" in message, message
 
@@ -39,7 +40,7 @@ def test_a_foreign_program_that_exits_is_named(tmp_path):
     host = dataclasses.replace(hostpkg.local_host(str(tmp_path / "work")), python=python)
     with hostpkg.LocalAgent(host) as agent:
         with pytest.raises(StepFailed) as failed:
-            agent.ask("ports", "1")
+            agent.ask(PortsRequest(1))
     assert "no python here" in str(failed.value), failed.value
 
 
@@ -55,7 +56,7 @@ def test_a_frame_announcing_too_much_is_refused_before_it_is_read():
 def test_the_agent_still_serves_after_a_bad_request(tmp_path):
     with hostpkg.LocalAgent(hostpkg.local_host(str(tmp_path / "work"))) as agent:
         with pytest.raises(StepFailed, match="unknown request 'explode'"):
-            agent.ask("explode")
+            agent.ask(hostpkg.Unchecked("explode"))
         with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
-            agent.ask("poll", str(tmp_path), "0:0")
-        assert len(agent.ask("ports", "2").ports) == 2
+            agent.ask(PollRequest(str(tmp_path), {"0": 0}))
+        assert len(agent.ask(PortsRequest(2)).ports) == 2

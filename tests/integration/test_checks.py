@@ -15,7 +15,10 @@ import pytest
 import hostpkg
 from deploy.host.probe import version_of
 from deploy.host.envkey import env_python
-from deploy.host.protocol import Connect, MeshDialed, MeshListening, MeshResult, Probe
+from deploy.host.protocol import (
+    Connect, MeshDialed, MeshListenRequest, MeshListening, MeshResult, PortsRequest, Probe,
+    ProbeRequest, decode_request
+)
 from deploy.inventory.load import parse_inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, MIN_DISK_FREE, PUSH_MARGIN_BYTES, CheckReport, HostCheck,
@@ -67,17 +70,21 @@ def test_probe_and_mesh_requests_are_shown_quoted_and_carry_their_words_literall
     host = inventory("hosts:\n  - {name: a, address: x, python: /opt/py3,"
                      " workdir: '~/my dir'}\n").hosts[0]
     probe_it = probe_request(host)
-    assert probe_it.shown() == "agent: probe ~/'my dir' 5 '' ''"
-    assert probe_it.wire() == {"verb": "probe", "args": ["~/my dir", "5", "", ""], "home": [0]}
-    spec = {"host": "a", "targets": [["x", 1, "$(id)"]]}
+    assert probe_it.shown() == "agent: probe workdir=~/'my dir' ports=5"
+    assert probe_it.wire() == {"verb": "probe", "fields": {"workdir": "~/my dir", "ports": 5},
+                               "home": ["workdir"]}
+    spec = {"host": "a", "nonce": "n", "window": 1.0, "attempt": 0.5, "listen": {"2": 1},
+            "targets": (("x", 1, "$(id)"),)}
     listen, dial, close = mesh_requests(spec)
-    assert listen.shown().startswith("agent: mesh-listen '{") and "$(id)" in listen.shown()
-    assert json.loads(listen.wire()["args"][0]) == spec and listen.wire()["home"] == []
+    assert listen.shown().startswith("agent: mesh-listen host=a nonce=n window=1.0 ")
+    assert "$(id)" in listen.shown() and listen.wire()["home"] == []
+    assert decode_request(json.loads(json.dumps(listen.wire()))) == listen.message
     assert (dial.shown(), close.shown()) == ("agent: mesh-dial", "agent: mesh-close")
     # With `inv setup`'s environment, named by its requirements (the host computes which one
     # is its own), the probe's source comes with the request for that interpreter to run.
     probe_env = probe_request(host, "e" * 64)
-    assert probe_env.wire()["args"][3] == "e" * 64 and probe_env.wire()["home"] == [0]
+    assert probe_env.wire()["fields"]["requirements"] == "e" * 64
+    assert probe_env.wire()["home"] == ["workdir"]
     assert probe_env.body
 
 
@@ -164,8 +171,8 @@ def test_mesh_pairs_every_host_dials_every_other_task_and_its_own_siblings():
                      ("c", "a", 20001), ("c", "b", 20002), ("c", "b", 20003)}
     specs = mesh_specs(checks, "n0nce")
     assert specs["b"]["listen"] == {"20002": 3, "20003": 3}     # from a, c and b itself
-    assert specs["a"]["targets"] == [["10.1.2.4", 20002, "b"], ["10.1.2.4", 20003, "b"],
-                                     ["10.1.2.5", 20004, "c"]]
+    assert specs["a"]["targets"] == [("10.1.2.4", 20002, "b"), ("10.1.2.4", 20003, "b"),
+                                     ("10.1.2.5", 20004, "c")]
 
 
 def answers_for(specs, failing=()):
@@ -263,15 +270,15 @@ def hostcheck(*args: str, timeout: float = 30) -> dict:
 
 def mesh(agent, spec: dict, timeout: float = 30) -> dict:
     """A mesh probe that is not driven: it dials at once and answers its listen request."""
-    return agent.ask("mesh-listen", json.dumps(spec), timeout=timeout)
+    return agent.ask(MeshListenRequest(**spec), timeout=timeout)
 
 
 @pytest.mark.parametrize("asked", ["agent", "stdin"])
 def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_dir(
         agent, tmp_path, asked):
-    args = (str(tmp_path / "not" / "yet"), "3")
-    answer = agent.ask("probe", *args, "", "") if asked == "agent" else \
-        Probe.decode(hostcheck("probe", *args), "probe")
+    workdir = str(tmp_path / "not" / "yet")
+    answer = agent.ask(ProbeRequest(workdir, 3)) if asked == "agent" else Probe.decode(
+        hostcheck(json.dumps({"workdir": workdir, "count": 3, "data": None})), "probe")
     assert answer.disk_path == str(tmp_path) and answer.disk_free > 0
     assert answer.writable is True and len(set(answer.ports)) == 3
     assert answer.python == sys.version.split()[0]
@@ -281,7 +288,7 @@ def test_probe_reads_versions_without_importing_and_finds_the_nearest_existing_d
 
 
 def test_ports_are_distinct_free_ports(agent):
-    ports = agent.ask("ports", "3").ports
+    ports = agent.ask(PortsRequest(3)).ports
     assert len(ports) == 3 and len(set(ports)) == 3
     assert all(isinstance(p, int) and 0 < p < 65536 for p in ports)
 
@@ -351,13 +358,13 @@ def ipv6_loopback() -> bool:
 @pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback ::1")
 def test_mesh_listeners_answer_callers_over_ipv6_and_ipv4_alike(agent):
     """As TensorFlow's gRPC binds [::]:port: one listener, reached at ::1 and at 127.0.0.1."""
-    port = agent.ask("ports", "1").ports[0]
+    port = agent.ask(PortsRequest(1)).ports[0]
     spec = {"host": "a", "nonce": "n6", "window": 3, "attempt": 1, "listen": {str(port): 2},
             "targets": [["::1", port, "a"], ["127.0.0.1", port, "a"]]}
     answer = mesh(agent, spec)
     assert [c.ok for c in answer.connects] == [True, True], answer
     assert answer.accepted == {str(port): 2} and answer.bind_errors == {}
-    assert agent.ask("probe", "/", "1", "", "").ipv6 is True
+    assert agent.ask(ProbeRequest("/", 1)).ipv6 is True
 
 
 def test_a_driven_mesh_probe_listens_until_told_to_dial_and_to_close(agent):
@@ -415,7 +422,7 @@ def test_no_host_dials_before_every_host_listens_however_late_one_starts(agent):
         f"  - {{name: b, transport: local, python: '{sys.executable}', workers: 2, workdir: /b}}\n",
         "lab.yaml", environ={}).hosts
     checks = [HostCheck(h) for h in hosts]
-    ports = iter(agent.ask("ports", "3").ports)
+    ports = iter(agent.ask(PortsRequest(3)).ports)
     for c in checks:
         c.ports = [next(ports) for _ in range(c.host.workers)]
     specs = mesh_specs(checks, "n4")

@@ -17,6 +17,7 @@ import pytest
 
 import hostile
 import hostpkg
+from deploy.host.protocol import PushRequest
 from deploy.host import cache as hostcache
 from deploy.host import prune as hostprune
 from deploy.host import rundir as rundir_module
@@ -257,7 +258,7 @@ def many_files(root: Path, count: int, tag: str) -> Path:
 
 def push_at_once(agents, rundir: Path, cache: Path, stage: bytes) -> list[dict]:
     """The stage and `push` to every agent before any answer is awaited, as Session.push asks."""
-    replies = [agent.agent.ask(Request("push", (str(rundir), str(cache), f"h{i + 1}", str(i))),
+    replies = [agent.agent.ask(Request(PushRequest(str(rundir), str(cache), f"h{i + 1}", str(i))),
                                "push", stage) for i, agent in enumerate(agents)]
     return [reply.wait(60).document() for reply in replies]
 

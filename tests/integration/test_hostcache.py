@@ -14,7 +14,7 @@ import pytest
 import hostpkg
 from deploy.host import cache as hostcache
 from deploy.host.stage import unpack_stage
-from deploy.host.protocol import Pushed
+from deploy.host.protocol import PushRequest, Pushed, ReceiveRequest
 from deploy.plan.command import Request
 from deploy.push.bundle import FileStream, manifest, manifest_document, stage_tar
 from deploy.cluster.hostagent import StepFailed
@@ -138,15 +138,15 @@ def test_the_agent_answers_push_and_receive_from_the_run_dir(tmp_path, payload):
     files = manifest(payload, "train.py")
     cache = str(tmp_path / "work" / "cache")
     with hostpkg.LocalAgent() as agent:
-        want = agent.ask("push", rundir, cache, body=stage_tar("r1", files))
+        want = agent.ask(PushRequest(str(rundir), cache), body=stage_tar("r1", files))
         missing = want.missing
         assert json.loads((rundir / "manifest.json").read_text()) == manifest_document(files)
         assert len(missing) == 3 and want.received == () and not want.assembled
-        got = agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
+        got = agent.agent.ask(Request(ReceiveRequest(str(rundir), cache)), "receive",
                               files=FileStream(payload, files, set(missing))).wait(30)
         assert sorted(got.received) == sorted(missing) and got.files == 4
         assert (rundir / "payload" / "pkg" / "a.py").read_text() == "A = 1\n"
-        refused = agent.agent.ask(Request("receive", (str(rundir), cache)), "receive",
+        refused = agent.agent.ask(Request(ReceiveRequest(str(rundir), cache)), "receive",
                                   files=[b"not a file stream\n"])
         with pytest.raises(StepFailed, match="receive failed: payload receive: the file stream "
                                              "does not start"):
@@ -154,7 +154,7 @@ def test_the_agent_answers_push_and_receive_from_the_run_dir(tmp_path, payload):
         # That agent stopped reading (the rest of a bad stream is not requests); a new one
         # takes over, as Session.push has it.
         agent.agent.resync(refused)
-        assert agent.ask("push", rundir, cache, body=stage_tar("r1", files)).assembled
+        assert agent.ask(PushRequest(str(rundir), cache), body=stage_tar("r1", files)).assembled
 
 
 def test_files_riding_with_the_manifest_are_verified_cached_and_spare_a_round_trip(tmp_path,
@@ -217,7 +217,7 @@ def test_a_push_answer_says_how_much_room_the_cache_has(tmp_path, payload):
     files = manifest(payload, "train.py")
 
     def answer(agent, name: str) -> Pushed:
-        return agent.ask("push", tmp_path / "work" / "runs" / name, cache,
+        return agent.ask(PushRequest(str(tmp_path / "work" / "runs" / name), str(cache)),
                          body=stage_tar(name, files))
     with hostpkg.LocalAgent() as agent:
         first = answer(agent, "r1")
@@ -251,11 +251,12 @@ def test_a_disk_that_fills_during_a_receipt_is_named_and_leaves_no_partial_file(
         files = manifest(big, "train.py")
         cache = disk / "work" / "cache"
         with hostpkg.LocalAgent() as agent:
-            answer = agent.ask("push", rundir, cache, "h3", "0", body=stage_tar("r1", files))
+            answer = agent.ask(PushRequest(str(rundir), str(cache), "h3", "0"),
+                               body=stage_tar("r1", files))
             assert answer.disk_free < 1 << 20
             # The files as a run sends them, on the same channel after the answer.
             with pytest.raises(StepFailed) as failed:
-                agent.agent.ask(Request("receive", (str(rundir), str(cache), "h3", "0")),
+                agent.agent.ask(Request(ReceiveRequest(str(rundir), str(cache), "h3", "0")),
                                 "receive", files=FileStream(big, files, set(answer.missing))
                                 ).wait(60)
         assert "payload receive: no space left on h3's disk in " + str(cache) \
