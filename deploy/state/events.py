@@ -1,8 +1,8 @@
 """What a run, a check, a setup or a prune reports as it goes: typed events, sent to a reporter.
 
 Orchestration (deploy/run/) never prints. It emits events; a reporter decides what people or
-programs see: the live view and plain lines (deploy/console/reporter.py), JSON lines for
-scripts and CI (`--json`, the same module), or nothing (Silent).
+programs see: the live view and plain lines (deploy/console/reporter.py), or JSON lines for
+scripts and CI (`--json`, the same module).
 
 Every event is a frozen dataclass of plain values (str, int, float, bool, None, and tuples or
 mappings of those), so that any reporter can show it and `as_json` can write it. Its `kind` is
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Optional, Protocol, Tuple
+from typing import ClassVar, ContextManager, Mapping, Optional, Protocol, Tuple
 
 from deploy.host.archive import size
 from deploy.plan.checks import CheckReport, rows
@@ -50,14 +50,19 @@ def _plain(value):
 
 
 class Reporter(Protocol):
+    """Where a run's events go (deploy/console/reporter.py): `emit` tells one; `status` shows
+    a step while it runs (its `update` changes the text); `watching` and `refresh` are the
+    run's live view while its tasks are followed, `setup_progress` inv setup's rows."""
+
     def emit(self, event: Event) -> None: ...
 
+    def status(self, text: str) -> ContextManager: ...
 
-class Silent:
-    """Hears everything, shows nothing: steps run for their answer alone."""
+    def watching(self, tasks: list[TaskProgress], title: str, raw: bool) -> ContextManager: ...
 
-    def emit(self, event: Event) -> None:
-        pass
+    def refresh(self) -> None: ...
+
+    def setup_progress(self, progress: Mapping[str, HostProgress]) -> ContextManager: ...
 
 
 # --- a run -----------------------------------------------------------------------------------
