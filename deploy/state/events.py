@@ -5,7 +5,9 @@ programs see: the live view and plain lines (deploy/console/reporter.py), or JSO
 scripts and CI (`--json`, the same module).
 
 Every event is a frozen dataclass of plain values (str, int, float, bool, None, and tuples or
-mappings of those), so that any reporter can show it and `as_json` can write it. Its `kind` is
+mappings of those), so that any reporter can show it and `as_json` can write it; two carry a
+richer value and say themselves how it is written (the check's report, a task's new log
+bytes, decoded only where they are shown). Its `kind` is
 its name on the JSON stream (`task_started`...); its `text()` is the line a person reads, and
 its `level` how it should stand out. Host text in an event (a log line, an error a host sent)
 is carried as it came; each reporter shows it inert.
@@ -79,7 +81,7 @@ class RunPlanned(Event):
 
 @dataclass(frozen=True)
 class HostsChecked(Event):
-    """The checks found every host ready (`inv train`'s first step, or `inv check`)."""
+    """The checks found every host ready (`inv train`'s first step)."""
     level: ClassVar[str] = GOOD
     hosts: int
     seconds: float
