@@ -15,8 +15,8 @@ from invoke import Collection, Exit, Program, task
 from rich.console import Console
 from rich.text import Text
 
-from deploy.console.checkview import report_view
 from deploy.console.plain import plain
+from deploy.console.reporter import ConsoleReporter, JsonReporter
 from deploy.errors import BadInput, TfdeployError
 from deploy.host.archive import MAX_BYTES, Limits
 from deploy.inventory.builtin import chosen_inventory
@@ -39,6 +39,7 @@ from deploy.run.run import RunSettings
 from deploy.run.envsetup import requirements_hash
 from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
+from deploy.state.events import CheckReported
 from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id
 
@@ -59,6 +60,9 @@ LOST_AFTER_HELP = ("seconds without a heartbeat from a host (its agent beats eve
 MAX_FETCH_HELP = ("the most an archive from a host may unpack to: the chief's output, fetched "
                   "into runs/<id>/artifacts, and its backup, carried by --restarts; larger "
                   f"ones are refused (e.g. 500MiB, 32GiB; default: {MAX_BYTES >> 30}GiB)")
+
+JSON_HELP = ("print what happens as JSON lines on stdout, one event per line, for scripts and "
+             "CI (docs/events.md); nothing else goes to stdout, errors go to stderr")
 
 VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log and the "
                 "payload's {\"event\": ...} lines too (by default the console hides them; "
@@ -83,6 +87,15 @@ def reported(console: Console):
         raise Exit(code=exit_code(interrupt))
     except HungUp as hangup:
         raise Exit(code=hangup.exit_code)
+
+
+def console_and_reporter(json: bool) -> tuple[Console, ConsoleReporter | JsonReporter]:
+    """Where a task's words go: the console and its reporter, or, with --json, events on
+    stdout and the console (notes, errors) on stderr."""
+    if json:
+        return Console(stderr=True, highlight=False), JsonReporter()
+    console = Console(highlight=False)
+    return console, ConsoleReporter(console)
 
 
 def exit_with(code: int | None) -> None:
@@ -197,11 +210,12 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
                 "the chief's BackupAndRestore state, up to N times (default: 0)",
     "verbose": VERBOSE_HELP,
     "max_fetch": MAX_FETCH_HELP,
+    "json": JSON_HELP,
 })
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
           start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False,
-          lost_after="10", max_fetch=""):
+          lost_after="10", max_fetch="", json=False):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -209,7 +223,7 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     task first; a second Ctrl-C abandons the teardown and names the `inv down` that ends it);
     129 when the terminal closed (SIGHUP), which leaves the run going for `inv logs --follow`.
     """
-    console = Console(highlight=False)
+    console, reporter = console_and_reporter(json)
     with reported(console):
         # Every flag is read before anything else, the dry run's included: a dry run refuses
         # what the real run would.
@@ -237,7 +251,7 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
             console.print(plan_text(plan_run(chosen, options, new_run_id())), markup=False,
                           end="", soft_wrap=True)
             return
-        code = run_training(chosen, options, settings, console)
+        code = run_training(chosen, options, settings, reporter)
     exit_with(code)
 
 
@@ -245,9 +259,10 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     "hosts": HOSTS_HELP,
     "payload": "payload directory to lint, e.g. for a Keras 3 import (default: payload/)",
     **SSH_HELP,
+    "json": JSON_HELP,
 })
 def check(c, hosts="", payload="payload", connect_timeout="10",
-          accept_new_host_keys=False):
+          accept_new_host_keys=False, json=False):
     """Check that every host is ready to train; writes nothing on any host.
 
     SSH, the host's python, tensorflow/tf_keras/numpy versions, free disk under the workdir,
@@ -255,14 +270,14 @@ def check(c, hosts="", payload="payload", connect_timeout="10",
 
     Exit status: 0 when all is well, 1 on any problem, 2 for bad input.
     """
-    console = Console(highlight=False)
+    console, reporter = console_and_reporter(json)
     with reported(console):
         chosen = linted_inventory(console, hosts, payload)
         timeout = seconds("--connect-timeout", connect_timeout)
-        with console.status(f"checking {len(chosen.hosts)} host(s)…"):
+        with reporter.status(f"checking {len(chosen.hosts)} host(s)…"):
             report = check_hosts(chosen, timeout, accept_new_host_keys,
                                  requirements_hash(Path(payload)))
-    console.print(report_view(report))
+    reporter.emit(CheckReported(report))
     exit_with(0 if report.ok else 1)
 
 
@@ -285,7 +300,7 @@ def setup(c, hosts="", payload="payload", wheelhouse="", connect_timeout="10",
         code = setup_envs(inventory(console, hosts), Path(payload),
                           Path(wheelhouse) if wheelhouse else None,
                           seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
-                          console)
+                          ConsoleReporter(console))
     exit_with(code)
 
 
@@ -331,7 +346,7 @@ def prune(c, hosts="", payload="", dry_run=False, runs_dir="runs", older_than="7
         code = prune_hosts(inventory(console, hosts), Path(payload) if payload else None,
                            Path(runs_dir), duration("--older-than", older_than), dry_run,
                            seconds("--connect-timeout", connect_timeout), accept_new_host_keys,
-                           console)
+                           ConsoleReporter(console))
     exit_with(code)
 
 
@@ -348,9 +363,11 @@ RUN_HELP = {
 SECONDS_SETTINGS = ("connect_timeout", "start_timeout", "lost_after")
 
 
-def run_task(action, connect_timeout="10", accept_new_host_keys=False, **settings) -> None:
-    """Call a run-management action with its settings; errors and codes as `train` has them."""
-    console = Console(highlight=False)
+def run_task(action, connect_timeout="10", accept_new_host_keys=False, json=False,
+             **settings) -> None:
+    """Call a run-management action with its reporter and settings; errors and codes as
+    `train` has them."""
+    console, reporter = console_and_reporter(json)
     with reported(console):
         settings["connect_timeout"] = connect_timeout
         for key in SECONDS_SETTINGS:
@@ -358,7 +375,8 @@ def run_task(action, connect_timeout="10", accept_new_host_keys=False, **setting
                 settings[key] = seconds("--" + key.replace("_", "-"), settings[key])
         if "max_fetch" in settings:
             settings["fetch_limits"] = fetch_limits("--max-fetch", settings.pop("max_fetch"))
-        code = action(console, RunSettings(accept_new_host_keys=accept_new_host_keys, **settings))
+        code = action(reporter, RunSettings(accept_new_host_keys=accept_new_host_keys,
+                                            **settings))
     exit_with(code)
 
 
@@ -368,7 +386,7 @@ def runs(c, runs_dir="runs"):
 
     One row per run: id, start time, hosts, tasks and state (starting, running, detached,
     finished with its exit code, interrupted, down)."""
-    run_task(lambda console, _: list_runs(Path(runs_dir), console))
+    run_task(lambda reporter, _: list_runs(Path(runs_dir), reporter))
 
 
 @task(help=RUN_HELP)
@@ -377,7 +395,7 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
 
     State, pid, exit code, last epoch, loss and metrics. An ended run is shown from its
     local records."""
-    run_task(lambda console, s: show_status(Path(runs_dir), run or None, s, console),
+    run_task(lambda reporter, s: show_status(Path(runs_dir), run or None, s, reporter),
              connect_timeout, accept_new_host_keys)
 
 
@@ -392,18 +410,19 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
             "lost_after": "with --follow: " + LOST_AFTER_HELP,
             "verbose": "with --follow: " + VERBOSE_HELP + "; without --follow the log is "
                        "always printed as it is",
-            "max_fetch": "with --follow: " + MAX_FETCH_HELP})
+            "max_fetch": "with --follow: " + MAX_FETCH_HELP,
+            "json": JSON_HELP})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
          accept_new_host_keys=False, start_timeout="0", verbose=False, lost_after="10",
-         max_fetch=""):
+         max_fetch="", json=False):
     """Print a run's logs; with --follow, reattach until the run ends.
 
     First the local copy, then what the hosts wrote since (nothing twice); the local copy
     is completed on the way."""
-    def action(console, settings):
+    def action(reporter, settings):
         only = None if task is None else count("--task", task)
-        return show_logs(Path(runs_dir), run or None, follow, only, settings, console)
-    run_task(action, connect_timeout, accept_new_host_keys,
+        return show_logs(Path(runs_dir), run or None, follow, only, settings, reporter)
+    run_task(action, connect_timeout, accept_new_host_keys, json,
              start_timeout=start_timeout, verbose=verbose, lost_after=lost_after,
              max_fetch=max_fetch)
 
@@ -415,7 +434,7 @@ def plot(c, run="", runs_dir="runs"):
     is followed (from what has reached this machine).
 
     Exit status: 0 when drawn, 1 when no task reported a loss, 2 for bad input."""
-    run_task(lambda console, _: draw_plot(Path(runs_dir), run or None, console))
+    run_task(lambda reporter, _: draw_plot(Path(runs_dir), run or None, reporter))
 
 
 @task(help={**RUN_HELP, "max_fetch": MAX_FETCH_HELP})
@@ -426,7 +445,7 @@ def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=
     Fetches the chief's artifacts, sends SIGTERM to every task's process group, SIGKILL after
     the run's grace, checks every host for survivors (reported loudly, exit 1) and removes
     the run directories. Only this run's processes and directories are touched."""
-    run_task(lambda console, s: stop_run(Path(runs_dir), run or None, s, console),
+    run_task(lambda reporter, s: stop_run(Path(runs_dir), run or None, s, reporter),
              connect_timeout, accept_new_host_keys, max_fetch=max_fetch)
 
 

@@ -49,11 +49,12 @@ def data_step(inventory: Path, payload: Path, tmp: Path) -> float:
     push = PayloadPush(payload, "train.py", run_id, hash_cache=tmp / "payload-hashes.json")
     session = Session.open(inv, 10.0, False)
     try:
-        push.send(session, plan_run(inv, Options(payload=str(payload)), run_id), quiet)
+        push.send(session, plan_run(inv, Options(payload=str(payload)), run_id),
+                  quiet.status, lambda line: None)
         started = time.monotonic()
         data = DataPush(inv, hash_cache=tmp / "data-hashes.json")
         plan = plan_run(data.resolved(inv), Options(payload=str(payload)), run_id)
-        data.send(session, plan, quiet)
+        data.send(session, plan, quiet.status, lambda line: None)
         elapsed = time.monotonic() - started
         problems = session.cleanup(plan)          # the run dir goes; cache and data stay
         if problems:

@@ -77,7 +77,7 @@ def ours(lab: SshLab, inventory: Path, payload: Path, hashes: Path) -> tuple[flo
     plan = plan_run(inv, Options(payload=str(payload)), run_id)
     session = Session.open(inv, 10.0, False)
     try:
-        push.send(session, plan, quiet)
+        push.send(session, plan, quiet.status, lambda line: None)
         elapsed = time.monotonic() - started
         cpu = local_cpu(False) - cpu
     finally:

@@ -7,8 +7,8 @@ from rich.text import Text
 
 from deploy.console.plain import plain
 from deploy.host.probe import PACKAGES
-from deploy.plan.envbuild import SetupPlan
 from deploy.state.envprogress import HostProgress
+from deploy.state.events import SetupResult
 
 VERSION_COLUMNS = ("python", *PACKAGES)
 
@@ -27,14 +27,12 @@ def progress_table(progress: dict[str, HostProgress]) -> Table:
     return table
 
 
-def versions_table(plan: SetupPlan, progress: dict[str, HostProgress]) -> Table:
+def versions_table(hosts: tuple[SetupResult, ...]) -> Table:
     table = Table(title="environments", title_justify="left")
     for column in ("host", "environment", "state", "s", *VERSION_COLUMNS):
         table.add_column(column)
-    for hp in plan.hosts:
-        p = progress[hp.host.name]
-        versions = p.versions
-        table.add_row(p.name, plain(p.env or "-"),
-                      Text(p.state, style=STATE_STYLES.get(p.state, "")), f"{p.seconds():.1f}",
-                      *(Text(plain(str(versions.get(c) or "-"))) for c in VERSION_COLUMNS))
+    for h in hosts:
+        table.add_row(h.name, plain(h.env or "-"),
+                      Text(h.state, style=STATE_STYLES.get(h.state, "")), f"{h.seconds:.1f}",
+                      *(Text(plain(str(h.versions.get(c) or "-"))) for c in VERSION_COLUMNS))
     return table

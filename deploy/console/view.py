@@ -13,8 +13,9 @@ from rich.text import Text
 from deploy.console.flood import SAMPLE_LINES, LineBudget, Skipped, skipped_text
 from deploy.console.lines import number, shown_line
 from deploy.console.plain import plain
+from deploy.state.events import RunListed, TaskLastLines
 from deploy.state.progress import NewLines, TaskProgress, losses_agree
-from deploy.state.record import RunRecord, RunState
+from deploy.state.record import RunState
 
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan",
            "bright_magenta", "bright_green", "bright_yellow")
@@ -211,34 +212,36 @@ def summary_table(tasks: list[TaskProgress], wall_time: float | None = None) -> 
 
 def failure_panel(task: TaskProgress, reason: str, raw: bool = False) -> Panel:
     """The task's last lines, filtered as the console filters them (lines.py)."""
-    tail = [shown for line in task.tail
-            if (shown := shown_line(line, raw, events_as_text=False)) is not None]
+    return failure_panel_of(TaskLastLines(task.name, task.host, reason, tuple(task.tail), raw))
+
+
+def failure_panel_of(event: TaskLastLines) -> Panel:
+    tail = [shown for line in event.lines
+            if (shown := shown_line(line, event.raw, events_as_text=False)) is not None]
     body = Text("\n".join(tail[-20:]) or "(no output)")
     # A title given as a string would be read as markup.
-    return Panel(body, title=Text(plain(f"{task.name} on {task.host}: {reason} — last log "
-                                        "lines")),
-                 border_style="red", title_align="left")
+    return Panel(body, title=Text(plain(event.text())), border_style="red",
+                 title_align="left")
 
 
-RUN_STATE_STYLES = {RunState.RUNNING: "yellow", RunState.DETACHED: "cyan",
-                    RunState.STARTING: "yellow", RunState.FINISHED: "green",
-                    RunState.INTERRUPTED: "magenta", RunState.DOWN: "dim"}
+RUN_STATE_STYLES = {RunState.RUNNING.value: "yellow", RunState.DETACHED.value: "cyan",
+                    RunState.STARTING.value: "yellow", RunState.FINISHED.value: "green",
+                    RunState.INTERRUPTED.value: "magenta", RunState.DOWN.value: "dim"}
 
 
-def runs_table(records: list[RunRecord], title: str) -> Table:
+def runs_table(runs: tuple[RunListed, ...], title: str) -> Table:
     """One row per local run record (deploy/state/record.py)."""
     table = Table(title=title, title_justify="left")
     for column in ("run", "started", "hosts", "tasks", "state"):
         # Ids and times are what a user copies: never wrapped or cut.
         table.add_column(column, no_wrap=column in ("run", "started", "state"))
-    for record in records:
-        state = record.shown_state()
-        style = RUN_STATE_STYLES[record.state]
-        if record.state is RunState.FINISHED and record.exit_code != 0:
+    for run in runs:
+        state = run.state
+        style = RUN_STATE_STYLES[run.style_state]
+        if run.style_state == RunState.FINISHED.value and run.exit_code != 0:
             style = "bold red"
-        if record.attempt > 1:
-            state += f", attempt {record.attempt}"
-        table.add_row(record.run_id, record.started_text(),
-                      ", ".join(h.name for h in record.hosts),
-                      str(len(record.tasks)), Text(state, style=style))
+        if run.attempt > 1:
+            state += f", attempt {run.attempt}"
+        table.add_row(run.run_id, run.started, ", ".join(run.hosts), str(run.tasks),
+                      Text(state, style=style))
     return table

@@ -140,6 +140,13 @@ class RunPlan:
     def chief_host(self) -> HostPlan:
         return next(h for h in self.hosts if self.chief in h.tasks)
 
+    def with_ports(self, ports: Mapping[int, int]) -> "RunPlan":
+        """The same run with its tasks on `ports` (task index -> port): their TF_CONFIG, and
+        the launch requests that carry it, name them. The one way a plan changes once made:
+        at the launch, and at each relaunch on fresh ports."""
+        return plan_run(Inventory("", tuple(hp.host for hp in self.hosts)), self.options,
+                        self.run_id, ports)
+
 
 def endpoint(host: Host, port: int | None) -> str:
     """`address:port` in TF_CONFIG, `[v6]:port` for IPv6 (TensorFlow cannot split `::1:2222`)."""

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 
 from deploy.host.layout import data_manifest
 from deploy.inventory.model import Host, Inventory, InventoryError
@@ -28,7 +27,7 @@ from deploy.push.bundle import (
     payload_files
 )
 from deploy.push.hashcache import HashCache
-from deploy.push.payload import refuse_without_room, size_text
+from deploy.push.payload import Status, Tell, refuse_without_room, size_text
 from deploy.cluster.session import Session
 
 
@@ -134,21 +133,22 @@ class DataPush:
         return (f"data: {new} of {total} file(s) new ({size_text(size)}) → "
                 f"{receivers} of {len(answers)} host(s)")
 
-    def send(self, session: Session, plan: RunPlan, console: Console) -> dict:
+    def send(self, session: Session, plan: RunPlan, status: Status, tell: Tell) -> dict:
         """Push every host's local data; returns the record of what each host was sent (and
-        where each host's TFDEPLOY_DATA_DIR is, remote ones included)."""
+        where each host's TFDEPLOY_DATA_DIR is, remote ones included). `status` and `tell`
+        as for the payload (payload.py)."""
         plans = [hp for hp in plan.hosts if hp.data_push is not None]
         answers: dict[str, dict] = {}
         if plans:
             stages = {path: tree.stage() for path, tree in self.trees.items()}
             size = sum(tree.size for tree in self.trees.values())
-            with console.status(f"data: {len(self.trees)} dir(s), {size_text(size)}; asking "
-                                f"{len(plans)} host(s) what they lack…") as status:
+            with status(f"data: {len(self.trees)} dir(s), {size_text(size)}; asking "
+                        f"{len(plans)} host(s) what they lack…") as shown:
                 def on_answers(wants: dict[str, dict]) -> None:
                     refuse_without_room(plans, wants, {f.sha256: f.size for t in self.trees.values()
                                                        for f in t.files}, "data")
-                    console.print(self.summary(plans, wants), highlight=False)
-                    status.update("data: sending and assembling on every host…")
+                    tell(self.summary(plans, wants))
+                    shown.update("data: sending and assembling on every host…")
                 answers = session.push(
                     plans, "data", lambda hp: hp.data_push,
                     lambda hp: stages[hp.host.data.path],

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, ContextManager, Iterable, Mapping
 
-from rich.console import Console
 
 from deploy.errors import Failure
 from deploy.plan.checks import room_problem
@@ -14,6 +13,11 @@ from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
 from deploy.push.hashcache import HashCache
 from deploy.cluster.session import Session
+
+# What a push shows while it works: a step's text for as long as it runs (an object whose
+# update() changes it), and a line that says what the hosts lacked.
+Status = Callable[[str], ContextManager]
+Tell = Callable[[str], None]
 
 # Recently changed content sent along with the manifest, at most this much per push.
 INLINE_BYTES = 1 << 20
@@ -106,16 +110,16 @@ class PayloadPush:
         return (f"payload: {len(changed)} of {len(self.files)} file(s) changed "
                 f"({size_text(size)}) → {receivers} of {len(answers)} host(s){shared}")
 
-    def send(self, session: Session, plan: RunPlan, console: Console) -> dict:
-        """Push to every host in parallel; returns a record of what each host was sent."""
-        with console.status(f"payload: {len(self.files)} file(s), "
-                            f"{size_text(self.total_bytes)}; asking {len(plan.hosts)} "
-                            "host(s) what they lack…") as status:
+    def send(self, session: Session, plan: RunPlan, status: Status, tell: Tell) -> dict:
+        """Push to every host in parallel; returns a record of what each host was sent.
+        `status` shows a step while it runs, `tell` says what the hosts lacked."""
+        with status(f"payload: {len(self.files)} file(s), {size_text(self.total_bytes)}; "
+                    f"asking {len(plan.hosts)} host(s) what they lack…") as shown:
             def on_answers(answers: dict[str, dict]) -> None:
                 refuse_without_room(plan.hosts, answers,
                                     {f.sha256: f.size for f in self.files}, "payload")
-                console.print(self.changed(answers), highlight=False)
-                status.update("payload: sending and assembling on every host…")
+                tell(self.changed(answers))
+                shown.update("payload: sending and assembling on every host…")
             answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push,
                                    lambda hp: self.stage, lambda hp, wanted: self.content(wanted),
                                    on_answers)

@@ -12,11 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.live import Live
-
-from deploy.console.setupview import progress_table, versions_table
-from deploy.console.view import say
 from deploy.host.layout import REQUIREMENTS, RUN_FILE, WHEELHOUSE
 from deploy.host.protocol import SetupEvent
 from deploy.inventory.model import Inventory
@@ -27,6 +22,7 @@ from deploy.cluster.parallel import on_all
 from deploy.cluster.session import Session, checked
 from deploy.state.record import new_run_id
 from deploy.state.envprogress import HostProgress
+from deploy.state.events import Reporter, SetupDone, SetupPlanned, setup_of
 
 
 def requirements_hash(payload: Path) -> str | None:
@@ -61,7 +57,7 @@ def wheel_tar(files: list[Path]) -> bytes:
 
 
 def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_timeout: float,
-          accept_new_host_keys: bool, console: Console) -> int:
+          accept_new_host_keys: bool, reporter: Reporter) -> int:
     requirements = payload / "requirements.txt"
     if not requirements.is_file():
         raise BundleError(f"{requirements} does not exist: setup installs the payload's "
@@ -70,43 +66,28 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
     data = requirements.read_bytes()
     run_id = "setup-" + new_run_id()
     plan = plan_setup(inventory, run_id, bool(wheels))
-    console.print(f"setup: environment for {requirements} on {len(plan.hosts)} host(s)"
-                  + (f", installing from {len(wheels)} file(s) of {wheelhouse}" if wheels else ""),
-                  highlight=False)
-    pinned = [h.name for h in inventory.hosts if h.own_python]
-    if pinned:
-        say(console, f"note: {', '.join(pinned)} name their own python in {inventory.path}: "
-                     "inv train runs that, not this environment", "yellow")
-    with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
+    reporter.emit(SetupPlanned(str(requirements), len(plan.hosts), len(wheels),
+                               str(wheelhouse) if wheels else None,
+                               tuple(h.name for h in inventory.hosts if h.own_python),
+                               str(inventory.path)))
+    with reporter.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, connect_timeout, accept_new_host_keys)
     progress = {hp.host.name: HostProgress(hp.host.name) for hp in plan.hosts}
     try:
         _run(session, plan, {hp.host.name: stage(hp.run_id, data) for hp in plan.hosts}, wheels,
-             progress, console)
+             progress, reporter)
     finally:
         problems = _cleanup(session, plan)
         session.close()
-    console.print(versions_table(plan, progress))
-    states = [p.state for p in progress.values()]
-    counts = ", ".join(f"{states.count(k)} {k}" for k in ("reused", "built", "failed")
-                       if states.count(k))
-    console.print(f"setup: {counts} of {len(states)} host(s)"
-                  + (" (an unchanged requirements.txt reuses its environment: no pip)"
-                     if states.count("reused") == len(states) else ""), highlight=False)
+    reporter.emit(SetupDone(tuple(setup_of(p) for p in progress.values()), problems))
     failed = [p for p in progress.values() if p.state == "failed"]
-    for p in failed:
-        say(console, f"{p.name}: {p.line}", "bold red")
-        for line in p.tail[-10:]:
-            say(console, f"  {line}", "dim")
-    for name, problem in problems.items():
-        say(console, f"cleanup on {name}: {problem}", "bold red")
     return 1 if failed or problems else 0
 
 
 def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: list[Path],
-         progress: dict[str, HostProgress], console: Console) -> None:
+         progress: dict[str, HostProgress], reporter: Reporter) -> None:
     t = session.transports
-    with console.status("checking existing environments…"):
+    with reporter.status("checking existing environments…"):
         status = session.ask_all("checking environments", plan.hosts, lambda hp: hp.status,
                                  timeout=120, body=lambda hp: stages[hp.host.name])
     todo = []
@@ -120,17 +101,17 @@ def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: li
             todo.append(hp)
     if wheels and todo:
         data = wheel_tar(wheels)
-        with console.status(f"pushing the wheelhouse ({len(data) / 2**20:.1f} MiB) to "
-                            f"{len(todo)} host(s)…"):
+        with reporter.status(f"pushing the wheelhouse ({len(data) / 2**20:.1f} MiB) to "
+                             f"{len(todo)} host(s)…"):
             on_all("pushing the wheelhouse", todo, lambda hp: hp.host.name,
                    lambda hp: checked(t[hp.host.name].run(hp.wheels.line, stdin=data,
                                                           timeout=1800), hp.host, "wheelhouse"))
     if todo:
-        _build_all(session, todo, progress, console)
+        _build_all(session, todo, progress, reporter)
 
 
 def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, HostProgress],
-               console: Console) -> None:
+               reporter: Reporter) -> None:
     """Every host's build at once, each step and pip line a frame of its answer, shown live.
     Ctrl-C leaves the loop; the cleanup that follows stops each host's pip (its recorded
     process group)."""
@@ -155,12 +136,11 @@ def _build_all(session: Session, todo: list[HostSetup], progress: dict[str, Host
                                                 on_frame=on_frame, on_end=on_end)
 
     replies = [build(hp) for hp in todo]
-    with Live(progress_table(progress), console=console, refresh_per_second=4,
-              transient=True) as live:
+    with reporter.setup_progress(progress) as refresh:
         while not all(reply.done.is_set() for reply in replies):
             time.sleep(0.2)
             with lock:
-                live.update(progress_table(progress))
+                refresh()
 
 
 def _cleanup(session: Session, plan: SetupPlan) -> dict[str, str]:

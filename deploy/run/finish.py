@@ -8,15 +8,15 @@ import shlex
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from deploy.console.plot import plot_losses
-from deploy.console.view import say, summary_table
 from deploy.run.run import Run
 from deploy.run.signals import (
     EXIT_INTERRUPTED, EXIT_TERMINATED, Abandoned, Terminated, tearing_down
 )
 from deploy.state import lifetime, localdir
+from deploy.state.events import (
+    ArchiveNote, PlotFailed, Reporter, RunSummary, TeardownAbandoned, snapshot
+)
 from deploy.state.progress import TaskProgress, losses_agree
 from deploy.state.record import RecordError, RunState, load_record, write_json
 
@@ -39,16 +39,16 @@ def finish(run: Run, how: str) -> int:
     """Fetch what the run made, tear it down everywhere, write the summary and the record.
     Runs on every exit path once anything was started, including Ctrl-C and errors. A second
     interrupt abandons the teardown (abandon())."""
-    plan, session, console, local_dir = run.plan, run.session, run.console, run.dir
+    plan, session, reporter, local_dir = run.plan, run.session, run.reporter, run.dir
     problems: list[str] = list(run.problems)
     artifacts = 0
     try:
-        with tearing_down(), console.status("stopping tasks and fetching results…"):
+        with tearing_down(), reporter.status("stopping tasks and fetching results…"):
             if how in (Finish.DONE, Finish.DOWN):
                 try:
                     artifacts = session.fetch_output(
                         plan, local_dir / localdir.ARTIFACTS, run.limits,
-                        lambda line: say(console, line, "yellow"))
+                        lambda line: reporter.emit(ArchiveNote(line)))
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
             if how == Finish.DOWN or (how in Finish.STOPPED and not run.stopped_clean):
@@ -62,8 +62,7 @@ def finish(run: Run, how: str) -> int:
         run.close()
     code = _exit_code(run, how, problems)
     wall_time = _wall_time(local_dir)
-    console.print(summary_table(run.tasks, wall_time))
-    plot = draw_loss_plot(run.tasks, local_dir, plan.run_id, console)
+    plot = draw_loss_plot(run.tasks, local_dir, plan.run_id, reporter)
     tensorboard = localdir.link_tensorboard(local_dir)
     write_json(local_dir / localdir.SUMMARY,
                _summary(run, artifacts, problems, code, how, wall_time, plot, tensorboard))
@@ -71,20 +70,11 @@ def finish(run: Run, how: str) -> int:
              Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
         run.set_state(state, exit_code=code, ended=time.time())
-    for problem in problems:
-        say(console, f"teardown: {problem}", "bold red")
-    if not problems:
-        say(console, f"teardown: no process of run {plan.run_id} left; run directories "
-                     f"removed on {len(plan.hosts)} host(s)", "green")
-    # Paths and commands are for copying: never wrapped.
-    if artifacts:
-        say(console, f"artifacts:   {artifacts} file(s) in {local_dir / localdir.ARTIFACTS}",
-            soft_wrap=True)
-    if plot:
-        say(console, f"loss curve:  {plot}", soft_wrap=True)
-    say(console, f"summary:     {local_dir / localdir.SUMMARY}", soft_wrap=True)
-    if tensorboard:
-        say(console, f"TensorBoard: tensorboard --logdir {tensorboard}", soft_wrap=True)
+    reporter.emit(RunSummary(
+        plan.run_id, code, tuple(snapshot(t) for t in run.tasks), wall_time,
+        losses_agree(run.tasks), tuple(problems), len(plan.hosts),
+        str(local_dir / localdir.SUMMARY), artifacts, str(local_dir / localdir.ARTIFACTS),
+        None if plot is None else str(plot), None if tensorboard is None else str(tensorboard)))
     return code
 
 
@@ -97,9 +87,8 @@ def abandon(run: Run, abandoned: Abandoned) -> int:
             if any(not t.finished for t in run.tasks if t.host == hp.host.name)]
     left = (f"tasks may still run on {', '.join(busy)}" if busy else
             "no task is known to run, but run directories may be left")
-    say(run.console, f"teardown abandoned: {left}. Finish it with:", "bold red")
-    say(run.console, f"  inv down --run {run.plan.run_id}{runs_dir_flag(run.dir.parent)}",
-        soft_wrap=True)
+    run.reporter.emit(TeardownAbandoned(
+        left, f"inv down --run {run.plan.run_id}{runs_dir_flag(run.dir.parent)}"))
     return abandoned.exit_code
 
 
@@ -109,13 +98,13 @@ def runs_dir_flag(runs_dir: Path) -> str:
 
 
 def draw_loss_plot(tasks: list[TaskProgress], local_dir: Path, run_id: str,
-                   console: Console) -> Path | None:
+                   reporter: Reporter) -> Path | None:
     """runs/<id>/loss.png from the tasks' losses; None when there were none to draw."""
     path = local_dir / localdir.LOSS_PLOT
     try:
         return path if plot_losses(tasks, path, f"run {run_id}") else None
     except OSError as exc:  # a full disk must not hide how the run ended
-        say(console, f"{path}: could not write the loss plot: {exc}", "yellow")
+        reporter.emit(PlotFailed(str(path), str(exc)))
         return None
 
 

@@ -10,10 +10,6 @@ import secrets
 import time
 from typing import Mapping
 
-from rich.console import Console
-
-from deploy.console.checkview import report_view
-from deploy.console.view import say
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
 from deploy.plan.checks import (
@@ -23,6 +19,7 @@ from deploy.plan.checks import (
 from deploy.plan.planner import env_requirements
 from deploy.run.mesh import probe_mesh
 from deploy.cluster.session import Session, gather
+from deploy.state.events import CheckReported, HostsChecked, Reporter
 
 PROBE_TIMEOUT = 60.0
 
@@ -82,22 +79,21 @@ def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_ke
     return report
 
 
-def check_before_run(session: Session, inventory: Inventory, console: Console,
+def check_before_run(session: Session, inventory: Inventory, reporter: Reporter,
                      requirements_sha256: str | None = None,
                      push_bytes: Mapping[str, int] | None = None) -> CheckReport:
     """`train`'s checks, on the session's agents. On a problem the session is closed and
     ChecksFailed raised: nothing has been started or written on any host."""
     try:
-        with console.status(f"checking {len(inventory.hosts)} host(s)…"):
+        with reporter.status(f"checking {len(inventory.hosts)} host(s)…"):
             report = run_checks(inventory, session, requirements_sha256=requirements_sha256,
                                 push_bytes=push_bytes)
         if not report.ok:
-            console.print(report_view(report))
+            reporter.emit(CheckReported(report))
             raise ChecksFailed(f"{len(report.all_problems)} problem(s) found before starting; "
                                "nothing was started (--no-check skips the checks)")
     except BaseException:
         session.close()
         raise
-    say(console, f"checked {len(report.hosts)} host(s) in {report.seconds:.1f} s: "
-                 f"versions, disk, ports and the TCP mesh are fine", "green")
+    reporter.emit(HostsChecked(len(report.hosts), report.seconds))
     return report

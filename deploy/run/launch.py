@@ -1,22 +1,24 @@
 """`inv train`: a fresh run from inventory to started tasks, then followed to its end here
 (watch.py) or left running on its hosts (--detach) for any later shell to pick up.
 
+In phases: prepare (everything that can be checked locally, and the plan), connect and check,
+then, inside `ending` (which guarantees the run's end: finish.py), push, launch and follow.
 Order matters for "bad input changes nothing anywhere": everything that can be checked locally
 (inventory, payload, data, runs directory: preflight.py, as the dry run checks it) is checked
-before any host is touched, and once anything has been
-written to a host, every way out goes through teardown.
+before any host is touched, and once anything has been written to a host, every way out goes
+through teardown.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Mapping
 
-from rich.console import Console
-
-from deploy.console.view import say
 from deploy.inventory.model import Inventory
-from deploy.plan.planner import Options, plan_run
+from deploy.plan.planner import Options, RunPlan, plan_run
 from deploy.plan.ports import task_ports
 from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
@@ -31,101 +33,167 @@ from deploy.run.signals import Abandoned, HungUp
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
+from deploy.state.events import (
+    Detached, Interrupted, Pushed, RecordsAt, Reporter, RunPlanned, TasksStarted
+)
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
 )
 
 
+@dataclass
+class Prepared:
+    """What a run is before any host is touched: its plan (ports still open), and what its
+    pushes will send."""
+    inventory: Inventory
+    plan: RunPlan
+    payload: PayloadPush
+    data: DataPush
+
+
 def train(inventory: Inventory, options: Options, settings: RunSettings,
-          console: Console) -> int:
+          reporter: Reporter) -> int:
+    prepared = prepare(inventory, options, settings, reporter)
+    session, checked_ports = connect_and_check(prepared, settings, reporter)
+    run = start_records(prepared, session, settings, reporter)
+    with ending(run, settings) as end:
+        push(run, prepared)
+        launch(run, checked_ports, settings)
+        end.launched = True
+        if settings.detach and _all_running(run):
+            end.code = _detach(run, settings)
+            return end.code
+        follow(run, settings)
+    return end.code
+
+
+def prepare(inventory: Inventory, options: Options, settings: RunSettings,
+            reporter: Reporter) -> Prepared:
     walked = refuse_bad_input(inventory, options, settings.runs_dir)
     run_id = new_run_id()
     payload = PayloadPush(Path(options.payload), options.entry, run_id,
                           hash_cache=settings.runs_dir / "payload-hashes.json",
                           walked=walked.payload)
-    with console.status("hashing the data directories…"):
+    with reporter.status("hashing the data directories…"):
         data = DataPush(inventory, hash_cache=settings.runs_dir / "data-hashes.json",
                         walked=walked.data)
     # From here on every local data source is named by its content: the plan, the record and
     # any relaunch use the same TFDEPLOY_DATA_DIR.
     inventory = data.resolved(inventory)
-    skeleton = plan_run(inventory, options, run_id)
-    local_dir = settings.runs_dir / run_id
-    count = len(skeleton.tasks)
-    console.print(f"run [bold]{run_id}[/]: {count} task(s) on {len(inventory.hosts)} host(s)",
-                  highlight=False)
-    with console.status(f"connecting to {len(inventory.hosts)} host(s)…"):
+    plan = plan_run(inventory, options, run_id)
+    reporter.emit(RunPlanned(run_id, len(plan.tasks), len(inventory.hosts)))
+    return Prepared(inventory, plan, payload, data)
+
+
+def connect_and_check(prepared: Prepared, settings: RunSettings,
+                      reporter: Reporter) -> tuple[Session, Mapping[str, list[int]] | None]:
+    """Every host's login and agent, then the checks (closing the session when they fail).
+    The ports the checks chose are the run's: the mesh check just proved them reachable from
+    every host, and a second probe would cost every host another request."""
+    inventory, plan = prepared.inventory, prepared.plan
+    with reporter.status(f"connecting to {len(inventory.hosts)} host(s)…"):
         session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
-    checked_ports = None
-    if settings.check:
-        # Closes the session when it fails. The ports it chose are the run's: the mesh check
-        # just proved them reachable from every host, and a second probe would cost every host
-        # another command.
-        checked_ports = check_before_run(
-            session, inventory, console, options.requirements_sha256,
-            {h.name: payload.total_bytes + data.bytes_for(h) for h in inventory.hosts}).host_ports
+    if not settings.check:
+        return session, None
+    push_bytes = {h.name: prepared.payload.total_bytes + prepared.data.bytes_for(h)
+                  for h in inventory.hosts}
+    report = check_before_run(session, inventory, reporter, plan.options.requirements_sha256,
+                              push_bytes)
+    return session, report.host_ports
+
+
+def start_records(prepared: Prepared, session: Session, settings: RunSettings,
+                  reporter: Reporter) -> Run:
+    """The run's local directory and record, written before anything reaches a host: a
+    controller lost from here on leaves a record from which `inv down` finds the run."""
+    plan = prepared.plan
+    local_dir = settings.runs_dir / plan.run_id
     local_dir.mkdir(parents=True, exist_ok=True)
-    console.print(f"local records in {local_dir}", highlight=False)
-    started = time.time()
-    # Written before anything reaches a host: a controller lost from here on leaves a record
-    # from which `inv down` finds the run.
-    write_record(local_dir, RunRecord.of(skeleton, RunState.STARTING, started,
-                                         restarts=settings.restarts))
-    run = Run(skeleton, session, local_dir, console, raw=settings.verbose,
+    reporter.emit(RecordsAt(str(local_dir)))
+    run = Run(plan, session, local_dir, reporter, raw=settings.verbose,
               limits=settings.fetch_limits)
-    # This controller writes the local logs; another one (inv logs --follow) must not too.
-    lock = FollowLock(local_dir)
+    write_record(local_dir, RunRecord.of(plan, RunState.STARTING, run.started,
+                                         restarts=settings.restarts))
+    return run
+
+
+class Ending:
+    """How the run inside `ending` ended, and its exit status."""
+
+    def __init__(self):
+        self.how = Finish.DONE
+        self.launched = False
+        self.code = 1
+
+
+@contextlib.contextmanager
+def ending(run: Run, settings: RunSettings) -> Iterator[Ending]:
+    """The run's end, whatever happens inside: Ctrl-C and SIGTERM stop it, a closed terminal
+    leaves a launched run going (detached), a second Ctrl-C abandons the teardown; every other
+    way out (success, failure, an error) tears it down (finish.py). Only this controller
+    writes the local logs meanwhile (the follow lock)."""
+    end = Ending()
+    lock = FollowLock(run.dir)
     lock.acquire()
-    how = Finish.DONE
-    detached = launched = False
-    abandoned = None
+    detached, abandoned = False, None
     try:
-        pushed = payload.send(session, skeleton, console)
-        run.filesystems = {name: answer.get("filesystem")
-                           for name, answer in pushed["hosts"].items()}
-        write_json(local_dir / localdir.PUSH, pushed)
-        if any(hp.data_dir for hp in skeleton.hosts):
-            write_json(local_dir / localdir.DATA, data.send(session, skeleton, console))
-        with console.status("choosing ports…"):
-            ports = (task_ports(skeleton.tasks, checked_ports) if checked_ports
-                     else session.free_ports(skeleton))
-            run.plan = plan_run(inventory, options, run_id, ports)
-        write_json(local_dir / localdir.PLAN, plan_document(run.plan))
-        write_record(local_dir, RunRecord.of(run.plan, RunState.STARTING, started,
-                                             restarts=settings.restarts))
-        with console.status(f"starting {count} task(s)…"):
-            session.launch(run.plan)
-        launched = True
-        console.print(f"started {count} task(s) in {time.time() - started:.1f} s; "
-                      "cluster " + ", ".join(t.endpoint for t in run.plan.tasks), highlight=False)
-        if settings.detach and _all_running(run):
-            detached = True
-            return _detach(run, settings)
-        run.set_state(RunState.RUNNING, controller_pid=os.getpid())
-        restarter = Restarter(inventory, options, settings.restarts) if settings.restarts else None
-        follow_to_end(run, settings, restarter, NewPorts(inventory, options, settings.restarts))
+        yield end
+        detached = run.detached
     except KeyboardInterrupt as interrupt:
-        how = Finish.by(interrupt)
-        say(console, f"{'terminated' if how == Finish.TERMINATED else 'interrupted'}: "
-                     "stopping every task of the run…", "yellow")
+        end.how = Finish.by(interrupt)
+        run.reporter.emit(Interrupted(end.how == Finish.TERMINATED))
     except HungUp as hangup:
-        if launched:
+        if not end.launched:
+            end.how = Finish.INTERRUPTED     # nothing was started: nothing to go on
+        else:
             # The terminal is gone, the run is not: it goes on for `inv logs --follow`.
             detached = True
             _detach(run, settings, "the terminal closed: ")
-            return hangup.exit_code
-        how = Finish.INTERRUPTED     # nothing was started: nothing to go on
-    except Abandoned as exc:         # a second Ctrl-C while the tasks were being stopped
+            end.code = hangup.exit_code
+    except Abandoned as exc:                 # a second Ctrl-C while the tasks were stopped
         abandoned = exc
     finally:
         try:
             if abandoned is not None:
-                code = abandon(run, abandoned)
+                end.code = abandon(run, abandoned)
             elif not detached:
-                code = finish(run, how)
+                end.code = finish(run, end.how)
         finally:
             lock.release()
-    return code
+
+
+def push(run: Run, prepared: Prepared) -> None:
+    """The payload, then the data, to every host; what each host was sent, kept."""
+    status, tell = run.reporter.status, lambda line: run.reporter.emit(Pushed(line))
+    pushed = prepared.payload.send(run.session, run.plan, status, tell)
+    run.filesystems = {name: answer.get("filesystem") for name, answer in pushed["hosts"].items()}
+    write_json(run.dir / localdir.PUSH, pushed)
+    if any(hp.data_dir for hp in run.plan.hosts):
+        write_json(run.dir / localdir.DATA,
+                   prepared.data.send(run.session, run.plan, status, tell))
+
+
+def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
+           settings: RunSettings) -> None:
+    """The ports (the checks' or probed now), the final plan, then every task started."""
+    reporter = run.reporter
+    with reporter.status("choosing ports…"):
+        ports = (task_ports(run.plan.tasks, checked_ports) if checked_ports
+                 else run.session.free_ports(run.plan))
+        run.plan = run.plan.with_ports(ports)
+    write_json(run.dir / localdir.PLAN, plan_document(run.plan))
+    write_record(run.dir, RunRecord.of(run.plan, RunState.STARTING, run.started,
+                                       restarts=settings.restarts))
+    with reporter.status(f"starting {len(run.plan.tasks)} task(s)…"):
+        run.session.launch(run.plan)
+    reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,
+                               tuple(t.endpoint for t in run.plan.tasks)))
+
+
+def follow(run: Run, settings: RunSettings) -> None:
+    run.set_state(RunState.RUNNING, controller_pid=os.getpid())
+    restarter = Restarter(settings.restarts) if settings.restarts else None
+    follow_to_end(run, settings, restarter, NewPorts(settings.restarts))
 
 
 def _all_running(run: Run) -> bool:
@@ -137,13 +205,9 @@ def _all_running(run: Run) -> bool:
 
 
 def _detach(run: Run, settings: RunSettings, why: str = "") -> int:
+    run.detached = True
     run.set_state(RunState.DETACHED, controller_pid=None)
     run.close()
-    rid, flag = run.plan.run_id, runs_dir_flag(settings.runs_dir)
-    run.console.print(f"{why}run [bold]{rid}[/] is running detached on "
-                      f"{len(run.plan.hosts)} host(s); nothing was torn down.", highlight=False)
-    say(run.console, f"  follow it:  inv logs --run {rid} --follow{flag}\n"
-                     f"  its state:  inv status --run {rid}{flag}\n"
-                     f"  stop it:    inv down --run {rid}{flag}")
+    run.reporter.emit(Detached(run.plan.run_id, len(run.plan.hosts), why,
+                               runs_dir_flag(settings.runs_dir)))
     return 0
-

@@ -14,10 +14,8 @@ from __future__ import annotations
 import re
 import time
 
-from deploy.console.view import say
-from deploy.inventory.model import Inventory
-from deploy.plan.planner import Options
 from deploy.run.restarts import relaunch
+from deploy.state.events import AttemptStarted, PortLost, RunFailing
 from deploy.state.progress import TaskProgress
 
 ADD_PORT_FAILED = re.compile(r"Failed to add port to server: .*:(\d+)'")
@@ -39,8 +37,8 @@ def lost_port(task: TaskProgress, planned: int | None) -> int | None:
 class NewPorts:
     """Relaunches a run whose task lost its port, once."""
 
-    def __init__(self, inventory: Inventory, options: Options, restarts: int):
-        self.inventory, self.options, self.restarts = inventory, options, restarts
+    def __init__(self, restarts: int):
+        self.restarts = restarts
         self.used = False
 
     def relaunched(self, run) -> bool:
@@ -55,16 +53,14 @@ class NewPorts:
                f"{task.name} could bind it")
         if self.used:
             run.failure = (task, why + ", again on new ports")
-            say(run.console, run.failure[1], "red")
+            run.reporter.emit(RunFailing(run.failure[1]))
             return False
         self.used = True
         run.attempts.append({"attempt": run.attempt, "failed_task": task.name, "reason": why,
                              "ended": time.time()})
         run.attempt += 1
-        say(run.console, f"{why}: relaunching every task on new ports…", "yellow")
-        if relaunch(run, self.inventory, self.options, self.restarts,
-                    carry_backup=False) is None:
+        run.reporter.emit(PortLost(why))
+        if relaunch(run, self.restarts, carry_backup=False) is None:
             return False
-        say(run.console, f"attempt {run.attempt} started; cluster "
-                         + ", ".join(t.endpoint for t in run.plan.tasks), "yellow")
+        run.reporter.emit(AttemptStarted(run.attempt, tuple(t.endpoint for t in run.plan.tasks)))
         return True

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
-from deploy.console.view import say
 from deploy.errors import BadInput, TfdeployError
-from deploy.host.archive import size
 from deploy.inventory.model import Inventory
 from deploy.plan.retention import Keep, prune_request
 from deploy.push.bundle import file_entry, payload_files
 from deploy.push.hashcache import HashCache
 from deploy.run.envsetup import requirements_hash
 from deploy.cluster.session import Session
+from deploy.state.events import HostPruned, PruneDone, Reporter
 from deploy.state.record import list_records
 
 KINDS = (("files", "cached file(s)"), ("envs", "environment(s)"), ("runs", "run director(ies)"))
@@ -43,10 +40,9 @@ def keep_of(payload: Path | None, runs_dir: Path) -> Keep:
 
 def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than: float,
           dry_run: bool, connect_timeout: float, accept_new_host_keys: bool,
-          console: Console) -> int:
+          reporter: Reporter) -> int:
     keep = keep_of(payload, runs_dir)
     failed = 0
-    verb = "would free" if dry_run else "freed"
     for host in inventory.hosts:
         try:
             session, errors = Session.open_each([host], connect_timeout, accept_new_host_keys)
@@ -59,14 +55,11 @@ def prune(inventory: Inventory, payload: Path | None, runs_dir: Path, older_than
             finally:
                 session.close()
         except TfdeployError as exc:    # reported with its host; the others are still pruned
-            say(console, f"{host.name}: {exc}", "bold red")
+            reporter.emit(HostPruned(host.name, dry_run, {}, str(exc)))
             failed += 1
             continue
-        counts = {kind: getattr(freed, kind) for kind, _ in KINDS}
-        parts = ", ".join(f"{counts[kind].count} {label} ({size(counts[kind].bytes)})"
-                          for kind, label in KINDS)
-        total = sum(c.bytes for c in counts.values())
-        say(console, f"{host.name}: {verb} {size(total)}: {parts}")
-    if dry_run:
-        say(console, "dry run: nothing was deleted", "yellow")
+        reporter.emit(HostPruned(host.name, dry_run, {
+            label: (getattr(freed, kind).count, getattr(freed, kind).bytes)
+            for kind, label in KINDS}))
+    reporter.emit(PruneDone(dry_run))
     return 1 if failed else 0

@@ -10,9 +10,6 @@ import json
 import os
 from pathlib import Path
 
-from rich.console import Console
-
-from deploy.console.view import runs_table, say, status_table
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
 from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
@@ -21,21 +18,20 @@ from deploy.run.signals import HungUp, exit_code
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
+from deploy.state.events import (
+    FollowStopped, Reporter, RunNote, RunStatus, RunsListed, listed, snapshot
+)
 from deploy.state.record import (
     RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records, load_record
 )
 
 
-def list_runs(runs_dir: Path, console: Console) -> int:
-    records = list_records(runs_dir)
-    if not records:
-        say(console, f"no runs recorded in {runs_dir}")
-        return 0
-    console.print(runs_table(records, f"runs in {runs_dir} (newest last)"))
+def list_runs(runs_dir: Path, reporter: Reporter) -> int:
+    reporter.emit(RunsListed(str(runs_dir), tuple(listed(r) for r in list_records(runs_dir))))
     return 0
 
 
-def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console,
+def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, reporter: Reporter,
           only_task: int | None = None, writes_logs: bool = False) -> tuple[RunRecord, Run]:
     """The run's record, and a Run connected to its hosts as the record describes them."""
     local_dir = find_run(runs_dir, run_id)
@@ -47,43 +43,45 @@ def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Co
                           f"(tasks 0..{len(plan.tasks) - 1})")
     inventory = Inventory(path=where, hosts=record.hosts)
     session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
-    return record, Run(plan, session, local_dir, console, only_task=only_task,
+    return record, Run(plan, session, local_dir, reporter, only_task=only_task,
                        writes_logs=writes_logs, limits=settings.fetch_limits)
 
 
-def status(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
+def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
+           reporter: Reporter) -> int:
     """Every task's state as its host sees it now, with the last metrics."""
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
     title = f"run {record.run_id}: {_describe(record)}"
     if not record.state.active:
         # Its run directories are gone from the hosts: the local copy is all there is.
-        run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
+        run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, reporter,
                   writes_logs=False)
         load_local_logs(run, None)
         _apply_summary(run, local_dir)
-        console.print(status_table(run.tasks, title + " (from the local records)"))
+        reporter.emit(RunStatus(title + " (from the local records)",
+                                tuple(snapshot(t) for t in run.tasks)))
         return 0
-    record, run = _open(runs_dir, record.run_id, settings, console)
+    record, run = _open(runs_dir, record.run_id, settings, reporter)
     try:
         load_local_logs(run, None)
         run.catch_up(print_lines=False)
     finally:
         run.close()
-    console.print(status_table(run.tasks, title))
+    reporter.emit(RunStatus(title, tuple(snapshot(t) for t in run.tasks)))
     return 0
 
 
 def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
-         settings: RunSettings, console: Console) -> int:
+         settings: RunSettings, reporter: Reporter) -> int:
     """The local copy, then what the hosts have beyond it; with `follow`, on to the end of
     the run and its end-of-run work."""
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
     if not record.state.active:
-        _show_local(record, local_dir, console, task)
-        say(console, f"run {record.run_id} has ended ({_describe(record)}): the logs above "
-                     "are complete", "dim")
+        _show_local(record, local_dir, reporter, task)
+        reporter.emit(RunNote(record.run_id, f"run {record.run_id} has ended "
+                                             f"({_describe(record)}): the logs above are complete"))
         return 0
     if follow and record.state is RunState.STARTING and not record.controller_alive():
         # Its controller ended while launching: some tasks may never have started, and a
@@ -93,13 +91,13 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
     lock = FollowLock(local_dir)
     if not lock.acquire() and not follow:
         # The controller following the run keeps the local copy current: show that.
-        _show_local(record, local_dir, console, task)
+        _show_local(record, local_dir, reporter, task)
         return 0
     if lock.file is None:
         raise RecordError(f"run {record.run_id} is being followed by another controller "
                           f"(pid {record.controller_pid}); its logs are being written by it")
     try:
-        record, run = _open(runs_dir, record.run_id, settings, console, only_task=task,
+        record, run = _open(runs_dir, record.run_id, settings, reporter, only_task=task,
                             writes_logs=True)
         # Plain `inv logs` prints the log as it is; following it looks like `inv train`.
         run.raw = not follow or settings.verbose
@@ -119,58 +117,58 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
             # left running on purpose.
             run.close()
             run.set_state(RunState.DETACHED, controller_pid=None)
-            say(console, f"stopped following; run {record.run_id} goes on. Stop it with: "
-                         f"inv down --run {record.run_id}{runs_dir_flag(local_dir.parent)}",
-                "yellow")
+            reporter.emit(FollowStopped(record.run_id, runs_dir_flag(local_dir.parent)))
             return exit_code(interrupt)
         return finish(run, how)
     finally:
         lock.release()
 
 
-def plot(runs_dir: Path, run_id: str | None, console: Console) -> int:
+def plot(runs_dir: Path, run_id: str | None, reporter: Reporter) -> int:
     """Draw runs/<id>/loss.png again from the local copies of the logs, however the run
     ended (or while it runs: from what has reached this machine)."""
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
-    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
+    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, reporter,
               writes_logs=False)
     load_local_logs(run, None)
-    path = draw_loss_plot(run.tasks, local_dir, record.run_id, console)
+    path = draw_loss_plot(run.tasks, local_dir, record.run_id, reporter)
     if path is None:
         raise Failure(f"run {record.run_id}: no task reported a loss in its log "
                       f"({local_dir}): nothing to plot")
-    say(console, f"loss curve: {path}")
+    reporter.emit(RunNote(record.run_id, f"loss curve: {path}"))
     return 0
 
 
-def down(runs_dir: Path, run_id: str | None, settings: RunSettings, console: Console) -> int:
+def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
+         reporter: Reporter) -> int:
     """Artifacts first, then TERM, KILL after the grace, a check of every host, cleanup."""
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
     if not record.state.active and not _teardown_problems(local_dir):
         # Its end already stopped everything and checked every host; a second summary
         # would only overwrite the real one.
-        say(console, f"run {record.run_id} has already ended ({_describe(record)}): "
-                     "nothing to stop")
+        reporter.emit(RunNote(record.run_id, f"run {record.run_id} has already ended "
+                                             f"({_describe(record)}): nothing to stop"))
         return 0
     lock = FollowLock(local_dir)
     # Another controller following the run keeps writing its logs; only without one do we.
     mine = lock.acquire()
     try:
-        record, run = _open(runs_dir, local_dir.name, settings, console, writes_logs=mine)
+        record, run = _open(runs_dir, local_dir.name, settings, reporter, writes_logs=mine)
         if mine:
             load_local_logs(run, None)
-        say(console, f"stopping run {record.run_id} ({_describe(record)}) on "
-                     f"{len(run.plan.hosts)} host(s)…", "yellow")
+        reporter.emit(RunNote(record.run_id, f"stopping run {record.run_id} "
+                                             f"({_describe(record)}) on {len(run.plan.hosts)} "
+                                             "host(s)…"))
         return finish(run, Finish.DOWN)
     finally:
         lock.release()
 
 
-def _show_local(record: RunRecord, local_dir: Path, console: Console,
+def _show_local(record: RunRecord, local_dir: Path, reporter: Reporter,
                 task: int | None) -> None:
-    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, console,
+    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, reporter,
               only_task=task, writes_logs=False, raw=True)
     load_local_logs(run, run.show)
 

@@ -16,25 +16,24 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from deploy.console.view import say
-from deploy.inventory.model import Inventory
-from deploy.plan.planner import Options, plan_run
+from deploy.state.events import ArchiveNote, AttemptStarted, RestartRefused, Restarting
 from deploy.state.record import load_record, write_record
 
 
 class Restarter:
-    def __init__(self, inventory: Inventory, options: Options, limit: int):
-        self.inventory, self.options, self.limit = inventory, options, limit
+    def __init__(self, limit: int):
+        self.limit = limit
 
     def may_restart(self, run) -> bool:
         if run.attempt > self.limit:
-            say(run.console, f"no restarts left ({self.limit} allowed): ending the run", "red")
+            run.reporter.emit(RestartRefused(f"no restarts left ({self.limit} allowed): ending "
+                                             "the run"))
             return False
         if run.problems:
             # Some process of the failed attempt could not be stopped: a relaunch beside it
             # would make two clusters fight over the run directory.
-            say(run.console, "not restarting: the failed attempt could not be stopped "
-                             "everywhere", "bold red")
+            run.reporter.emit(RestartRefused("not restarting: the failed attempt could not be "
+                                             "stopped everywhere"))
             return False
         return True
 
@@ -43,16 +42,15 @@ class Restarter:
         relaunches are left; False when none are."""
         used = sum(t.relaunches for t in run.tasks)
         if used >= self.limit:
-            say(run.console, f"no restarts left ({self.limit} allowed): {task.name} is not "
-                             "relaunched", "yellow")
+            run.reporter.emit(RestartRefused(f"no restarts left ({self.limit} allowed): "
+                                             f"{task.name} is not relaunched"))
             return False
         run.attempts.append({"attempt": task.relaunches + 1, "failed_task": task.name,
                              "reason": reason, "ended": time.time(), "in_place": True})
         task.relaunches += 1
         task.new_attempt()
-        say(run.console, f"restart {used + 1} of {self.limit}: {task.name} ended ({reason}); "
-                         f"relaunching it in place on {task.host}", "yellow")
-        with run.console.status(f"starting {task.name} again…"):
+        run.reporter.emit(Restarting(used + 1, self.limit, task.name, reason, task.host))
+        with run.reporter.status(f"starting {task.name} again…"):
             run.session.launch(run.plan, attempt=task.relaunches + 1, only=task.index)
         return True
 
@@ -61,44 +59,38 @@ class Restarter:
         run.attempts.append({"attempt": run.attempt, "failed_task": task.name, "reason": reason,
                              "ended": time.time()})
         run.attempt += 1
-        console = run.console
-        say(console, f"restart {run.attempt - 1} of {self.limit}: {task.name} failed ({reason}); "
-                     "stopping the cluster, carrying the chief's backup, relaunching…", "yellow")
-        carried = relaunch(run, self.inventory, self.options, self.limit, carry_backup=True)
+        run.reporter.emit(Restarting(run.attempt - 1, self.limit, task.name, reason))
+        carried = relaunch(run, self.limit, carry_backup=True)
         if carried is not None:
             size, written = carried
-            where = (f"carried to {len(written)} other workdir(s)" if written
-                     else "every host shares the chief's workdir")
-            say(console, f"attempt {run.attempt} started (backup of {size / 1024:.0f} KiB, "
-                         f"{where}); cluster " + ", ".join(t.endpoint for t in run.plan.tasks),
-                "yellow")
+            run.reporter.emit(AttemptStarted(run.attempt, tuple(t.endpoint for t in run.plan.tasks),
+                                             size, len(written)))
 
 
-def relaunch(run, inventory: Inventory, options: Options, restarts: int,
-             carry_backup: bool) -> tuple[int, list[str]] | None:
+def relaunch(run, restarts: int, carry_backup: bool) -> tuple[int, list[str]] | None:
     """Stop every task of the attempt that failed, choose fresh ports and start attempt
     `run.attempt` of every task (with the chief's backup carried to every host first, when
     `carry_backup`). The size of the backup carried and the hosts it was written to; None when
     the failed attempt could not be stopped everywhere (its problems are the run's: it ends
     with them)."""
-    console, session = run.console, run.session
-    with console.status("stopping every task of the failed attempt…"):
+    reporter, session = run.reporter, run.session
+    with reporter.status("stopping every task of the failed attempt…"):
         problems = list(session.stop(run.plan).values())
     if problems:
         run.problems += problems    # no relaunch beside them; the run ends with them shown
         return None
-    with console.status("carrying the chief's backup to every host…" if carry_backup
-                        else "choosing new ports…"):
+    with reporter.status("carrying the chief's backup to every host…" if carry_backup
+                         else "choosing new ports…"):
         carried = session.carry_backup(
             run.plan, run.filesystems, run.limits, run.dir,
-            lambda line: say(console, line, "yellow")) if carry_backup else (0, [])
+            lambda line: reporter.emit(ArchiveNote(line))) if carry_backup else (0, [])
         ports = session.free_ports(run.plan)
-    run.plan = plan_run(inventory, options, run.plan.run_id, ports)
+    run.plan = run.plan.with_ports(ports)
     write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),
                                               attempt=run.attempt, restarts=restarts))
     for t in run.tasks:
         t.new_attempt()
     run.failure = None
-    with console.status(f"starting attempt {run.attempt}…"):
+    with reporter.status(f"starting attempt {run.attempt}…"):
         session.launch(run.plan, attempt=run.attempt)
     return carried

@@ -5,18 +5,17 @@ stopping.py stops its tasks, restarts.py relaunches it, finish.py tears it down.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rich.console import Console
-
-from deploy.console.view import LiveView, print_lines
 from deploy.host.archive import Limits
 from deploy.host.protocol import TaskStatus
 from deploy.plan.planner import RunPlan
 from deploy.cluster.session import Session, StepFailed
 from deploy.state import localdir
+from deploy.state.events import Reporter, TaskOutput, TaskProgressed
 from deploy.state.progress import NewLines, TaskProgress
 from deploy.state.record import RunState, update_record
 
@@ -46,9 +45,10 @@ class RunSettings:
 
 class Run:
     def __init__(self, plan: RunPlan, session: Session | None, local_dir: Path,
-                 console: Console, only_task: int | None = None, writes_logs: bool = True,
+                 reporter: Reporter, only_task: int | None = None, writes_logs: bool = True,
                  raw: bool = False, limits: Limits = Limits()):
-        self.plan, self.session, self.dir, self.console = plan, session, local_dir, console
+        self.plan, self.session, self.dir = plan, session, local_dir
+        self.reporter = reporter            # what the run does is told to it (events.py)
         self.limits = limits                # of the archives fetched from its hosts
         self.tasks = [TaskProgress(t.index, t.host.name, role=t.role, type_index=t.type_index)
                       for t in plan.tasks]
@@ -67,30 +67,35 @@ class Run:
         # Ctrl-C while following stops the run (inv train), or only the following (inv logs).
         self.interrupt_stops = True
         self.stopped_clean = False          # every host answered a stop: none survived
+        self.detached = False               # left running without this controller
+        self.started = time.time()          # when this controller began the run
 
     def set_state(self, state: RunState, **fields) -> None:
         update_record(self.dir, state=state, **fields)
 
-    def show(self, task: TaskProgress, new: NewLines, view: LiveView | None = None) -> None:
+    def show(self, task: TaskProgress, new: NewLines) -> None:
         if self.only_task is not None and task.index != self.only_task:
             return
-        if view:
-            view.lines(task, new)
-        else:
-            print_lines(self.console, task, new.all(), self.raw)
+        if new.count:
+            self.reporter.emit(TaskOutput(task.name, task.index, task.host, task.epochs_total,
+                                          new, self.raw))
 
     def offsets(self) -> dict[int, int]:
         return {t.index: t.offset for t in self.tasks}
 
-    def apply(self, task: TaskProgress, status: TaskStatus, view: LiveView | None = None,
-              shown: bool = True) -> None:
+    def apply(self, task: TaskProgress, status: TaskStatus, shown: bool = True) -> None:
         """One answer of the host about `task`: its state, and log bytes kept and shown."""
+        before = (task.state, task.epoch, task.epochs_total)
         new = task.update(status)
         if self.writes_logs and status.data:
             self.logs[task.index].write(status.data)
             self.logs[task.index].flush()
         if shown:
-            self.show(task, new, view)
+            self.show(task, new)
+            if (task.state, task.epoch, task.epochs_total) != before:
+                self.reporter.emit(TaskProgressed(
+                    task.name, task.host, task.state, task.epoch, task.epochs_total, task.loss,
+                    dict(task.metrics)))
 
     def catch_up(self, print_lines: bool = True) -> None:
         """Read every task's log on the hosts from where the local copy ends, to its end."""

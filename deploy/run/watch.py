@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import time
 
-from deploy.console.view import LiveView, failure_panel, say
 from deploy.run.follow import Event, Followers
 from deploy.run.run import Run, RunSettings
 from deploy.run.signals import tearing_down
 from deploy.run.stopping import Stopper
 from deploy.cluster.session import StepFailed
 from deploy.state import lifetime
+from deploy.state.events import (
+    FollowResumed, HostLost, RestartRefused, RunFailing, TaskEnded, TaskLastLines
+)
 from deploy.state.progress import TaskProgress
 
 
@@ -42,7 +44,7 @@ class Watch:
         self.followers.start_all(run.offsets())
         deadline = time.monotonic() + self.start_timeout if self.start_timeout > 0 else 0.0
         try:
-            with LiveView(run.console, run.tasks, f"run {run.plan.run_id}", run.raw) as view:
+            with run.reporter.watching(run.tasks, f"run {run.plan.run_id}", run.raw):
                 while not all(t.finished for t in run.tasks):
                     if deadline and time.monotonic() > deadline:
                         self.check_started()
@@ -51,14 +53,14 @@ class Watch:
                     self.watch_heartbeats()
                     event = self.followers.next(timeout=0.25)
                     if event is not None:
-                        self.handle(event, view)
-                    view.refresh()
+                        self.handle(event)
+                    run.reporter.refresh()
         except KeyboardInterrupt:
             if run.interrupt_stops:
                 # Teardown begins here: a second interrupt abandons it (signals.py).
                 with tearing_down():
                     self.stopper.stop()
-                    self.stopper.wait_for_answers(lambda event: self.take(event, None))
+                    self.stopper.wait_for_answers(lambda event: self.take(event, judged=False))
             raise
         finally:
             self.followers.close()
@@ -88,18 +90,17 @@ class Watch:
             f"`inv down --run {run.plan.run_id}` stops them once it answers again")
         for task in self.host_tasks[hp.host.name]:
             task.host_lost()
-        if run.failure is None and not self.ending:
+        stopping = run.failure is None and not self.ending
+        run.reporter.emit(HostLost(hp.host.name, why, stopping))
+        if stopping:
             run.failure = (self.host_tasks[hp.host.name][0], why)
-            say(run.console, f"{why}: the host is lost — stopping the other tasks", "red")
             self.stopper.stop()
-        else:
-            say(run.console, f"{why}: the host is lost", "red")
 
-    def handle(self, event: Event, view: LiveView) -> None:
+    def handle(self, event: Event) -> None:
         if event.host in self.lost:
             return                       # what it said before it was given up on
         if event.kind in ("tasks", "stopped"):
-            self.take(event, view)
+            self.take(event)
         elif event.broken:
             # It answered what a follow does not (protocol.py): asked again, it would again.
             raise StepFailed(f"{event.host}: following the run: {event.error}")
@@ -108,13 +109,14 @@ class Watch:
         else:
             # The stream broke (or ended early): follow again from where we are.
             if event.error:
-                say(self.run.console, f"following {event.host}: {event.error}", "yellow")
+                self.run.reporter.emit(FollowResumed(event.host, event.error))
             if not self.followers.restart(event.host, self.run.offsets()):
                 raise StepFailed(f"{event.host}: lost contact while following the run: "
                                  f"{event.error or 'stream ended'}")
 
-    def take(self, event: Event, view: LiveView | None) -> None:
-        """One follower event: task states and log bytes, or the answer to a stop."""
+    def take(self, event: Event, judged: bool = True) -> None:
+        """One follower event: task states and log bytes, or the answer to a stop. `judged`:
+        a task's end bears on the run (not while the run is being stopped)."""
         if event.kind == "stopped":
             self.stopper.answered(event.host, event.stopped)
             return
@@ -124,8 +126,8 @@ class Watch:
             if task is None:
                 continue
             finished = task.finished
-            self.run.apply(task, status, view)
-            if task.finished and not finished and view is not None:
+            self.run.apply(task, status)
+            if task.finished and not finished and judged:
                 self.ended(task)
 
     def ended(self, task: TaskProgress) -> None:
@@ -138,21 +140,19 @@ class Watch:
             self.fail(task, reason(task))
         elif action == lifetime.SUCCEED:
             self.ending = True
-            say(run.console, f"{task.name} finished: the run is done, stopping the other "
-                             f"tasks", "green")
+            run.reporter.emit(TaskEnded(task.name, task.host, reason(task), "run_done"))
             self.stopper.stop()
         elif action == lifetime.TOLERATE:
             self.worker_ended(task)
         elif action == lifetime.REPORT:
-            say(run.console, f"{task.name} ({task.host}) ended ({reason(task)}); the run goes "
-                             f"on without it", "yellow")
+            run.reporter.emit(TaskEnded(task.name, task.host, reason(task), "goes_on"))
 
     def worker_ended(self, task: TaskProgress) -> None:
         """A worker of a ps cluster ended: relaunched in place while --restarts allows, else
         training goes on with the others, as long as there are others."""
         run = self.run
         if task.failed:
-            run.console.print(failure_panel(task, reason(task), run.raw))
+            run.reporter.emit(last_lines(task, reason(task), run.raw))
         if self.restarter is not None and self.restarter.relaunch_task(run, task, reason(task)):
             host = task.host
             if host in self.quiet:
@@ -163,14 +163,13 @@ class Watch:
         if lifetime.no_worker_left(run.tasks):
             self.fail(task, "no worker left to run the training steps", panel=False)
             return
-        say(run.console, f"{task.name} ({task.host}) ended ({reason(task)}): the chief's "
-                         f"coordinator goes on with the other workers", "yellow")
+        run.reporter.emit(TaskEnded(task.name, task.host, reason(task), "coordinator_goes_on"))
 
     def fail(self, task: TaskProgress, why: str, panel: bool = True) -> None:
         self.run.failure = (task, why)
         if panel:
-            self.run.console.print(failure_panel(task, why, self.run.raw))
-        say(self.run.console, f"{task.name} failed: stopping the other tasks", "red")
+            self.run.reporter.emit(last_lines(task, why, self.run.raw))
+        self.run.reporter.emit(RunFailing(f"{task.name} failed: stopping the other tasks"))
         self.stopper.stop()
 
     def check_started(self) -> None:
@@ -184,10 +183,10 @@ class Watch:
         if stuck and run.failure is None:
             names = ", ".join(f"{t.name} ({t.host})" for t in stuck)
             for task in stuck:
-                run.console.print(failure_panel(task, "no training step yet", run.raw))
+                run.reporter.emit(last_lines(task, "no training step yet", run.raw))
             run.failure = (stuck[0], f"startup watchdog: {names} did not reach a first "
                                      f"training step within {self.start_timeout:g} s")
-            say(run.console, run.failure[1] + " — stopping the run", "red")
+            run.reporter.emit(RunFailing(run.failure[1] + " — stopping the run"))
             self.stopper.stop()
 
 
@@ -203,12 +202,17 @@ def follow_to_end(run: Run, settings: RunSettings, restarter=None, new_ports=Non
         if restarter is None:
             return
         if run.plan.has_roles:
-            say(run.console, "not restarting the cluster: in a parameter-server cluster "
-                             "--restarts relaunches workers only", "red")
+            run.reporter.emit(RestartRefused("not restarting the cluster: in a "
+                                             "parameter-server cluster --restarts relaunches "
+                                             "workers only"))
             return
         if not restarter.may_restart(run):
             return
         restarter.restart(run)
+
+
+def last_lines(task: TaskProgress, why: str, raw: bool) -> TaskLastLines:
+    return TaskLastLines(task.name, task.host, why, tuple(task.tail), raw)
 
 
 def reason(task: TaskProgress) -> str:

@@ -278,7 +278,7 @@ def test_the_push_is_two_requests_per_host_and_a_second_sends_nothing(tmp_path):
         data = DataPush(inv)
         plan = plan_run(data.resolved(inv), Options(), run_id)
         agent.asked.clear()
-        return data.send(session, plan, quiet)["hosts"]["h"]
+        return data.send(session, plan, quiet.status, lambda line: None)["hosts"]["h"]
 
     try:
         first = send("r1")

@@ -4,6 +4,7 @@ one when nothing changed."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from deploy.transport.login import GcmFirstTransport
 from deploy.cluster.hostagent import HostAgent
 from deploy.cluster.parallel import HostsFailed
 from deploy.cluster.session import Session
+
+
+QUIET = Console(file=open(os.devnull, "w"))
 
 
 class CountingAgent(HostAgent):
@@ -54,7 +58,7 @@ def push(payload: Path, inventory, session, hashes: Path, run_id: str):
     pushing = PayloadPush(payload, "train.py", run_id, hash_cache=hashes)
     plan = plan_run(inventory, Options(payload=str(payload)), run_id)
     session.agents["h"].asked.clear()
-    record = pushing.send(session, plan, Console(file=open("/dev/null", "w")))
+    record = pushing.send(session, plan, QUIET.status, lambda line: None)
     return record["hosts"]["h"], Path(plan.hosts[0].run_dir)
 
 
@@ -88,7 +92,7 @@ def test_a_file_changed_while_it_is_pushed_leaves_no_payload(lab):
     (payload / "data" / "weights.bin").write_bytes(b"shorter")        # after it was hashed
     plan = plan_run(inventory, Options(payload=str(payload)), "20260101-000000-cccccc")
     with pytest.raises(HostsFailed, match="changed while it was being pushed"):
-        pushing.send(session, plan, Console(file=open("/dev/null", "w")))
+        pushing.send(session, plan, QUIET.status, lambda line: None)
     rundir = Path(plan.hosts[0].run_dir)
     assert (rundir / "manifest.json").exists() and not (rundir / "payload").exists()
     cached = {p.name for p in (rundir.parents[1] / "cache" / "files").iterdir()}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from deploy.console.reporter import ConsoleReporter
 from deploy.errors import BadInput
 from deploy.inventory.load import load_inventory
 from deploy.plan.planner import Options
@@ -84,7 +85,7 @@ def test_the_dry_run_and_the_real_run_refuse_alike_before_any_host(lab, case, mo
         refuse_bad_input(chosen, options, Path(runs))
     with pytest.raises(BadInput) as real:
         train(chosen, options, RunSettings(runs_dir=Path(runs), connect_timeout=2),
-              Console(file=open(os.devnull, "w")))
+              ConsoleReporter(Console(file=open(os.devnull, "w"))))
     assert str(dry.value) == str(real.value)
     for word in words:
         assert word in str(dry.value)

@@ -61,7 +61,8 @@ def run_remotely(session: Session, host, payload: Path, args, env, workdir: str)
                     Options(payload=str(payload), entry="dump.py", args=tuple(args)), run_id,
                     ports={0: 1})
     try:
-        PayloadPush(payload, "dump.py", run_id).send(session, plan, Console(quiet=True))
+        PayloadPush(payload, "dump.py", run_id).send(session, plan, Console(quiet=True).status,
+                                                      lambda line: None)
         session.launch(plan)
         deadline = time.monotonic() + 30
         log = b""

@@ -11,6 +11,7 @@ from rich.console import Console
 from deploy.console.flood import LineBudget
 from deploy.console.lines import epoch_text, is_tensorflow_chatter, shown_line
 from deploy.console.plot import plot_losses
+from deploy.console.reporter import ConsoleReporter
 from deploy.console.view import (
     LiveView, failure_panel, print_lines, run_progress, sparkline, status_table, summary_table
 )
@@ -229,7 +230,7 @@ def test_inv_plot_redraws_from_the_logs_of_a_run_that_ended_badly(tmp_path):
     (run_dir / "worker-1.log").write_text(
         "\n".join([epoch(1, 1.0), epoch(2, 0.5), "Traceback (most recent call last):"]))
     console = Console(file=io.StringIO(), width=200)
-    assert plot_run(tmp_path, None, console) == 0
+    assert plot_run(tmp_path, None, ConsoleReporter(console)) == 0
     image = decoded(run_dir / "loss.png")
     assert image.shape[0] >= 150 and image.shape[1] >= 200
     assert console.file.getvalue().strip() == f"loss curve: {run_dir / 'loss.png'}"
@@ -239,7 +240,7 @@ def test_inv_plot_says_so_when_no_task_reported_a_loss(tmp_path):
     run_dir = recorded(tmp_path, lab_plan(), state=RunState.FINISHED)
     (run_dir / "worker-0.log").write_text("\n".join(CHATTER) + "\n")
     with pytest.raises(Failure, match="no task reported a loss"):
-        plot_run(tmp_path, None, Console(file=io.StringIO()))
+        plot_run(tmp_path, None, ConsoleReporter(Console(file=io.StringIO())))
     assert not (run_dir / "loss.png").exists()
 
 

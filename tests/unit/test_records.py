@@ -167,6 +167,7 @@ def test_the_runs_table_shows_each_state(tmp_path):
     from rich.console import Console
 
     from deploy.console.view import runs_table
+    from deploy.state.events import listed
     docs = []
     for n, (state, extra) in enumerate([(RunState.DETACHED, {}),
                                         (RunState.FINISHED, {"exit_code": 3}),
@@ -175,7 +176,7 @@ def test_the_runs_table_shows_each_state(tmp_path):
                            started=100.0 + n)
         docs.append(update_record(run_dir, **extra))
     console = Console(record=True, width=200)
-    console.print(runs_table(list_records(tmp_path), "runs"))
+    console.print(runs_table(tuple(listed(r) for r in list_records(tmp_path)), "runs"))
     rows = [line for line in console.export_text().splitlines() if "20260101" in line]
     assert [r.split("│")[1].strip() for r in rows] == [d.run_id for d in docs]
     assert "detached" in rows[0] and "finished (exit 3)" in rows[1]
@@ -183,21 +184,27 @@ def test_the_runs_table_shows_each_state(tmp_path):
 
 
 def test_restarts_stop_when_used_up_or_when_a_stop_failed():
-    from rich.console import Console
-
     from deploy.run.restarts import Restarter
+    from deploy.state.events import RestartRefused
 
     class FakeRun:
-        console = Console(file=open(os.devnull, "w"))
         attempt, problems = 1, []
 
-    restarter = Restarter(inventory=None, options=None, limit=1)
+        class reporter:
+            told = []
+            emit = told.append
+
+    restarter = Restarter(limit=1)
     run = FakeRun()
     assert restarter.may_restart(run)
     run.problems = ["h2: processes of the run still alive after SIGKILL: 123"]
     assert not restarter.may_restart(run)
     run.problems, run.attempt = [], 2
     assert not restarter.may_restart(run)
+    assert [e.why for e in FakeRun.reporter.told] == [
+        "not restarting: the failed attempt could not be stopped everywhere",
+        "no restarts left (1 allowed): ending the run"]
+    assert all(isinstance(e, RestartRefused) for e in FakeRun.reporter.told)
 
 
 def test_gpus_and_the_setup_environment_survive_the_round_trip(tmp_path):
