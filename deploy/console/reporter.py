@@ -3,8 +3,9 @@ live view, tables, panels and plain lines, as rich draws them), and JSON lines, 
 CI (`--json`: one object per line on stdout, nothing else there).
 
 Orchestration asks a reporter for three things: `emit(event)`; `status(text)`, a spinner while
-a step runs; and `watching(tasks, title, raw)` / `setup_progress(progress)`, the live displays of a run and of
-`inv setup`. The JSON reporter shows no spinner and no live display: its stream is events.
+a step runs; and `watching(tasks, title, raw)` / `setup_progress(progress)`, the live displays
+of a run and of `inv setup`. The JSON reporter shows no spinner and no live display: its stream
+is events.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from deploy.console.view import (
 )
 from deploy.state import events as ev
 from deploy.state.envprogress import HostProgress
-from deploy.state.progress import NewLines, TaskProgress
+from deploy.state.progress import TaskProgress
 
 STYLES = {ev.INFO: "", ev.NOTE: "dim", ev.WARNING: "yellow", ev.ERROR: "bold red",
           ev.GOOD: "green"}
@@ -144,8 +145,7 @@ class JsonReporter:
         yield lambda: None
 
     def emit(self, event: ev.Event) -> None:
-        self.out.write(json.dumps(event.as_json(), separators=(",", ":"),
-                                  default=_default) + "\n")
+        self.out.write(json.dumps(event.as_json(), separators=(",", ":")) + "\n")
         self.out.flush()
 
 
@@ -157,9 +157,3 @@ class _NoStatus(contextlib.nullcontext):
 
     def update(self, text: str) -> None:
         pass
-
-
-def _default(value):
-    if isinstance(value, NewLines):
-        return value.all()
-    raise TypeError(f"not JSON: {type(value).__name__}")

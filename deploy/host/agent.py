@@ -4,9 +4,9 @@ SSH session, or a pipe for `transport: local`), that takes every later step as a
 Requests come on stdin as frames (frames.py): {"id", "verb", "fields", "home", "env"} and a
 body, each decoded into its typed request (protocol.py) and handed to the handler of its type
 (HANDLERS). Each is answered by frames carrying its "id": the verb's document, or
-{"error": ...}; a follow answers with a frame per change and then {"end": true}. Every BEAT seconds the agent also sends
-{"beat": ...}, whatever else it is doing, so the controller can tell a host that stopped
-answering from one with nothing to say.
+{"error": ...}; a follow answers with a frame per change and then {"end": true}. Every BEAT
+seconds the agent also sends {"beat": ...}, whatever else it is doing, so the controller can
+tell a host that stopped answering from one with nothing to say.
 
 Requests run in threads of their own, so that a stop is never queued behind a slow step; only
 `receive` runs in the reading thread, because its files follow it on the same stdin. When
@@ -28,9 +28,10 @@ from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, checked_task_key, in_run
 from deploy.host.protocol import (
     CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
-    EnvStatusRequest, FollowRequest, HostError, LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest,
-    PollRequest, PortsRequest, ProbeRequest, PruneRequest, PushRequest, ReceiveRequest,
-    ReplaceBackupRequest, StopRequest, TarOutRequest, decode_request
+    EnvStatusRequest, FollowRequest, HostError, LaunchRequest, MeshCloseRequest,
+    MeshDialRequest, MeshListenRequest, PollRequest, PortsRequest, ProbeRequest, PruneRequest,
+    PushRequest, ReceiveRequest, ReplaceBackupRequest, StopRequest, TarOutRequest,
+    decode_request
 )
 from deploy.host.rundir import run_id_of
 from deploy.host.stage import StageError, unpack_stage

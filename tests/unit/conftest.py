@@ -31,9 +31,10 @@ def _is_ssh_resolution(args):
     return bool(words) and os.path.basename(words[0]) == "ssh" and "-G" in words[1:]
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def no_process_starts():
-    """Every way Python starts a process, refused for the whole unit tier."""
+    """Every way Python starts a process, refused in each unit test (and given back after it:
+    a test of another tier may run next in the same session)."""
     real_execute = subprocess.Popen._execute_child
 
     def execute_child(self, args, *rest, **kwargs):
