@@ -404,7 +404,8 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
                       "then fetch artifacts, write summary.json and tear the run down. "
                       "Ctrl-C, SIGTERM or closing the terminal stop following only: the "
                       "run goes on",
-            "task": "print only task N's lines (every task's log is still kept locally)",
+            "task": "print only this task's lines: its name as its log is named (worker-1, "
+                    "chief-0, ps-0) or its index (every task's log is still kept locally)",
             "start_timeout": "with --follow: seconds for every task to reach its first "
                              "training step before the run is torn down (default: 0, off)",
             "lost_after": "with --follow: " + LOST_AFTER_HELP,
@@ -420,7 +421,7 @@ def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="1
     First the local copy, then what the hosts wrote since (nothing twice); the local copy
     is completed on the way."""
     def action(reporter, settings):
-        only = None if task is None else count("--task", task)
+        only = None if task is None else str(task)
         return show_logs(Path(runs_dir), run or None, follow, only, settings, reporter)
     run_task(action, connect_timeout, accept_new_host_keys, json,
              start_timeout=start_timeout, verbose=verbose, lost_after=lost_after,

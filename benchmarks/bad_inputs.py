@@ -111,7 +111,7 @@ RECORD_CASES = {
     "run id unknown": (None, ["status", "--run", "nope"], 2),
     "run id hostile": (None, ["down", "--run", "../../etc"], 2),
     "task out of range": (None, ["logs", "--task", "7"], 2),
-    "task not a number": (None, ["logs", "--task", "x"], 2),
+    "task not a task's name": (None, ["logs", "--task", "x"], 2),
     "logs lost after words": (None, ["logs", "--lost-after", "soon"], 2),
     "down max fetch nan": (None, ["down", "--max-fetch", "nanGiB"], 2),
     "runs dir a file (inv runs)": (None, ["runs", "--runs-dir", "afile"], 2),

@@ -19,37 +19,59 @@ from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.events import (
-    FollowStopped, Reporter, RunNote, RunStatus, RunsListed, listed, snapshot
+    FollowStopped, RecordDamaged, Reporter, RunNote, RunStatus, RunsListed, listed, snapshot
 )
 from deploy.state.record import (
-    RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records, load_record
+    RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, load_record,
+    read_records
 )
 
 
 def list_runs(runs_dir: Path, reporter: Reporter) -> int:
-    reporter.emit(RunsListed(str(runs_dir), tuple(listed(r) for r in list_records(runs_dir))))
+    records = _readable(runs_dir, reporter)
+    reporter.emit(RunsListed(str(runs_dir), tuple(listed(r) for r in records)))
     return 0
 
 
+def _readable(runs_dir: Path, reporter: Reporter) -> list[RunRecord]:
+    """The readable records, each other one named (its file and why): they are skipped, the
+    good ones go on."""
+    records, damaged = read_records(runs_dir)
+    for problem in damaged:
+        reporter.emit(RecordDamaged(problem))
+    return records
+
+
+def task_index(plan, task: str | None) -> int | None:
+    """`--task`: a task's index (`1`) or its name (`worker-1`, `chief-0`, `ps-0`)."""
+    if task is None:
+        return None
+    for t in plan.tasks:
+        if task in (t.name, str(t.index)):
+            return t.index
+    raise RecordError(f"run {plan.run_id} has no task {task!r} (its tasks: "
+                      f"{', '.join(t.name for t in plan.tasks)}; or their index, "
+                      f"0..{len(plan.tasks) - 1})")
+
+
 def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, reporter: Reporter,
-          only_task: int | None = None, writes_logs: bool = False) -> tuple[RunRecord, Run]:
+          only_task: str | None = None, writes_logs: bool = False) -> tuple[RunRecord, Run]:
     """The run's record, and a Run connected to its hosts as the record describes them."""
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
     where = str(local_dir / RECORD_FILE)
     plan = record.plan(where)
-    if only_task is not None and only_task not in {t.index for t in plan.tasks}:
-        raise RecordError(f"run {record.run_id} has no task {only_task} "
-                          f"(tasks 0..{len(plan.tasks) - 1})")
+    index = task_index(plan, only_task)
     inventory = Inventory(path=where, hosts=record.hosts)
     session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
-    return record, Run(plan, session, local_dir, reporter, only_task=only_task,
+    return record, Run(plan, session, local_dir, reporter, only_task=index,
                        writes_logs=writes_logs, limits=settings.fetch_limits)
 
 
 def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
            reporter: Reporter) -> int:
     """Every task's state as its host sees it now, with the last metrics."""
+    _readable(runs_dir, reporter)
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
     title = f"run {record.run_id}: {_describe(record)}"
@@ -72,10 +94,12 @@ def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
     return 0
 
 
-def logs(runs_dir: Path, run_id: str | None, follow: bool, task: int | None,
+def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
          settings: RunSettings, reporter: Reporter) -> int:
     """The local copy, then what the hosts have beyond it; with `follow`, on to the end of
-    the run and its end-of-run work."""
+    the run and its end-of-run work. `task`: only that task's lines (`--task`, its index or
+    its name)."""
+    _readable(runs_dir, reporter)
     local_dir = find_run(runs_dir, run_id)
     record = load_record(local_dir)
     if not record.state.active:
@@ -167,9 +191,10 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
 
 
 def _show_local(record: RunRecord, local_dir: Path, reporter: Reporter,
-                task: int | None) -> None:
-    run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, reporter,
-              only_task=task, writes_logs=False, raw=True)
+                task: str | None) -> None:
+    plan = record.plan(str(local_dir / RECORD_FILE))
+    run = Run(plan, None, local_dir, reporter, only_task=task_index(plan, task),
+              writes_logs=False, raw=True)
     load_local_logs(run, run.show)
 
 

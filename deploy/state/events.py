@@ -452,6 +452,16 @@ def listed(record: RunRecord) -> RunListed:
 
 
 @dataclass(frozen=True)
+class RecordDamaged(Event):
+    """A run record that cannot be read (its file and why); the other runs go on."""
+    level: ClassVar[str] = WARNING
+    problem: str
+
+    def text(self) -> str:
+        return f"skipped {self.problem}"
+
+
+@dataclass(frozen=True)
 class RunsListed(Event):
     runs_dir: str
     runs: Tuple[RunListed, ...]

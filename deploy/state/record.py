@@ -244,16 +244,22 @@ def load_record(run_dir: Path) -> RunRecord:
 
 def list_records(runs_dir: Path) -> list[RunRecord]:
     """Every readable record below `runs_dir`, oldest first."""
+    return read_records(runs_dir)[0]
+
+
+def read_records(runs_dir: Path) -> tuple[list[RunRecord], list[str]]:
+    """Every readable record below `runs_dir`, oldest first, and why each other one is not
+    (its file and the reason: damaged, foreign, of another version)."""
     _check_is_dir(runs_dir)
-    found = []
+    found, damaged = [], []
     if runs_dir.is_dir():
-        for entry in runs_dir.iterdir():
+        for entry in sorted(runs_dir.iterdir()):
             if (entry / RECORD_FILE).is_file():
                 try:
                     found.append(load_record(entry))
-                except RecordError:
-                    continue
-    return sorted(found, key=lambda r: (r.started, r.run_id))
+                except RecordError as exc:
+                    damaged.append(str(exc))
+    return sorted(found, key=lambda r: (r.started, r.run_id)), damaged
 
 
 def find_run(runs_dir: Path, run_id: str | None) -> Path:

@@ -1,6 +1,6 @@
 """`--json`: `inv train`, `inv check` and `inv logs --follow` as a script reads them, on the
 default local inventory: stdout is JSON lines only, one event each, and a run's stream ends with
-its summary (deploy/state/events.py; docs/events.md)."""
+its summary (deploy/state/events.py; docs/events.md). And `inv logs --task` by a task's name."""
 from __future__ import annotations
 
 import json
@@ -89,6 +89,10 @@ def test_logs_follow_json_takes_a_detached_run_to_its_summary(tmp_path):
         assert docs[-1]["event"] == "run_summary" and docs[-1]["exit_code"] == 0
         lines = [line for d in docs if d["event"] == "task_output" for line in d["lines"]]
         assert sum('"event": "epoch"' in line for line in lines) == 6     # each line once
+        # One task's log, named as its log file is.
+        one = inv("logs", "--run", run_id, "--task", "worker-1", "--runs-dir", str(runs))
+        assert one.returncode == 0, one.stdout + one.stderr
+        assert one.stdout.count("[worker-1 local]") == 4 and "worker-0" not in one.stdout
     finally:
         if processes_of_run(run_id):
             inv("down", "--run", run_id, "--runs-dir", str(runs))

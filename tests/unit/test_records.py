@@ -13,7 +13,7 @@ import pytest
 from deploy.plan.planner import Options, plan_run
 from deploy.state.record import (
     HOST_FIELDS, RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, list_records,
-    load_record, update_record, write_record
+    load_record, read_records, update_record, write_record
 )
 from test_planner import SECRET_FROM_ENV, SECRET_IN_FILE, inventory_of
 
@@ -224,3 +224,38 @@ def test_gateways_survive_the_round_trip(tmp_path):
         ("admin@gw.example:2222", ["admin@gw.example:2222"]),
         ("gw.example,bastion", ["gw.example:22", "bastion:22"])]
     assert [t.launch.shown() for t in again.tasks] == [t.launch.shown() for t in plan.tasks]
+
+
+def test_damaged_records_are_named_with_why_and_the_good_ones_listed(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from deploy.console.reporter import ConsoleReporter
+    from deploy.run.reattach import list_runs
+    good = recorded(tmp_path, lab_plan("20260101-000001-abcdef"))
+    (tmp_path / "20260101-000002-abcdef").mkdir()
+    (tmp_path / "20260101-000002-abcdef" / "record.json").write_text("{not json")
+    foreign = tmp_path / "20260101-000003-abcdef"
+    foreign.mkdir()
+    (foreign / "record.json").write_text(json.dumps({"version": 99}))
+    records, damaged = read_records(tmp_path)
+    assert [r.run_id for r in records] == [good.name]
+    assert len(damaged) == 2 and all("record.json" in d for d in damaged)
+    assert "unreadable run record" in damaged[0] and str(foreign) in damaged[1]
+    console = Console(file=io.StringIO(), width=300, color_system=None)
+    assert list_runs(tmp_path, ConsoleReporter(console)) == 0
+    text = console.file.getvalue()
+    assert good.name in text
+    assert f"skipped {tmp_path}/20260101-000002-abcdef/record.json: unreadable" in text
+    assert f"skipped {foreign}/record.json" in text
+
+
+def test_a_task_is_named_by_its_name_or_its_index():
+    from deploy.run.reattach import task_index
+    plan = lab_plan()
+    assert [task_index(plan, t) for t in ("worker-1", "1", None)] == [1, 1, None]
+    with pytest.raises(RecordError, match=r"has no task 'chief-0' \(its tasks: worker-0, "):
+        task_index(plan, "chief-0")
+    with pytest.raises(RecordError, match="has no task '7'"):
+        task_index(plan, "7")
