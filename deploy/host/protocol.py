@@ -736,20 +736,24 @@ class LaunchRequest(HostRequest):
     requirements: Optional[str] = None
 
 
-@_registered("poll", Tasks)
 @dataclass(frozen=True)
-class PollRequest(HostRequest):
-    """Each task's state, and its log from `offsets` (task key -> byte) on."""
+class _TaskLogs(HostRequest):
+    """The tasks of the run in `rundir` named in `offsets`, and their logs from those bytes on
+    (task key -> byte)."""
     rundir: str
     offsets: Mapping[str, int]
+
+
+@_registered("poll", Tasks)
+@dataclass(frozen=True)
+class PollRequest(_TaskLogs):
+    """Each task's state, and its log, now."""
 
 
 @_registered("follow", Tasks)
 @dataclass(frozen=True)
-class FollowRequest(HostRequest):
+class FollowRequest(_TaskLogs):
     """A frame per change of the tasks' states or logs, until every task has ended."""
-    rundir: str
-    offsets: Mapping[str, int]
 
 
 @_registered("credit", Done)
@@ -825,7 +829,3 @@ class EnvBuildRequest(HostRequest):
     host: str
     wheelhouse: bool = False
 
-
-def answer_type(verb):
-    cls = REQUESTS.get(verb)
-    return cls.answer if cls is not None else Done

@@ -71,8 +71,7 @@ def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, reporter: R
 def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
            reporter: Reporter) -> int:
     """Every task's state as its host sees it now, with the last metrics."""
-    _readable(runs_dir, reporter)
-    local_dir = find_run(runs_dir, run_id)
+    local_dir = find_run(runs_dir, run_id, _readable(runs_dir, reporter))
     record = load_record(local_dir)
     title = f"run {record.run_id}: {_describe(record)}"
     if not record.state.active:
@@ -99,8 +98,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
     """The local copy, then what the hosts have beyond it; with `follow`, on to the end of
     the run and its end-of-run work. `task`: only that task's lines (`--task`, its index or
     its name)."""
-    _readable(runs_dir, reporter)
-    local_dir = find_run(runs_dir, run_id)
+    local_dir = find_run(runs_dir, run_id, _readable(runs_dir, reporter))
     record = load_record(local_dir)
     if not record.state.active:
         _show_local(record, local_dir, reporter, task)

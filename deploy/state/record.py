@@ -262,20 +262,22 @@ def read_records(runs_dir: Path) -> tuple[list[RunRecord], list[str]]:
     return sorted(found, key=lambda r: (r.started, r.run_id)), damaged
 
 
-def find_run(runs_dir: Path, run_id: str | None) -> Path:
-    """The directory of run `run_id` (a unique prefix will do), or of the newest run."""
+def find_run(runs_dir: Path, run_id: str | None,
+             records: list[RunRecord] | None = None) -> Path:
+    """The directory of run `run_id` (a unique prefix will do), or of the newest run.
+    `records`: the readable ones, when the caller has read them already."""
     _check_is_dir(runs_dir)
+    if run_id and RUN_ID.match(run_id) and (runs_dir / run_id / RECORD_FILE).is_file():
+        return runs_dir / run_id
+    if records is None:
+        records = list_records(runs_dir)
     if run_id:
-        exact = runs_dir / run_id
-        if RUN_ID.match(run_id) and (exact / RECORD_FILE).is_file():
-            return exact
-        matches = [r.run_id for r in list_records(runs_dir) if r.run_id.startswith(run_id)]
+        matches = [r.run_id for r in records if r.run_id.startswith(run_id)]
         if len(matches) == 1:
             return runs_dir / matches[0]
         if matches:
             raise RecordError(f"run {run_id!r} is ambiguous in {runs_dir}: {', '.join(matches)}")
         raise RecordError(f"no run {run_id!r} in {runs_dir} (see: inv runs --runs-dir {runs_dir})")
-    records = list_records(runs_dir)
     if not records:
         raise RecordError(f"no runs recorded in {runs_dir}")
     return runs_dir / records[-1].run_id

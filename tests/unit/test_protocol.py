@@ -22,7 +22,7 @@ from deploy.host.protocol import (
     MeshListenRequest, MeshListening, MeshResult, PollRequest, PortsRequest, Probe,
     ProbeRequest, ProtocolError, PruneRequest, Pruned, PushRequest, Pushed, ReceiveRequest,
     ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TarOutRequest, TaskStatus, Tasks,
-    Unpacked, answer_type, decode_request, error_of
+    Unpacked, decode_request, error_of
 )
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
@@ -73,7 +73,7 @@ GOOD = {
 @pytest.mark.parametrize("verb", sorted(GOOD))
 def test_each_answer_decodes_what_the_agent_sends(verb):
     doc, expected = GOOD[verb]
-    answer = answer_type(verb).decode(json.loads(json.dumps(doc)), verb)
+    answer = REQUESTS[verb].answer.decode(json.loads(json.dumps(doc)), verb)
     if expected is not None:
         assert answer == expected
     assert type(answer) is REQUESTS[verb].answer or verb == "mesh-listen"
@@ -106,7 +106,7 @@ def test_any_field_of_the_wrong_type_is_refused_naming_the_verb_and_the_field(ve
         if verb == "follow" and path == ("end",):
             continue     # an `end` that is not true is a frame without tasks: refused below
         with pytest.raises(ProtocolError) as refused:
-            answer_type(verb).decode(changed, verb)
+            REQUESTS[verb].answer.decode(changed, verb)
         message = str(refused.value)
         assert message.startswith(f"bad answer to {verb}: "), message
         assert ".".join(path[:2]) in message or path[0] in message, (path, message)
