@@ -6,6 +6,12 @@
 from __future__ import annotations
 
 import sys
+
+# On an older Python the imports below would fail on a name or a syntax it lacks; say why.
+if sys.version_info < (3, 10):
+    sys.exit(f"tfdeploy needs Python 3.10 or newer; {sys.executable} is Python "
+             f"{sys.version.split()[0]}")
+
 from contextlib import contextmanager
 from importlib import metadata
 from json import dumps
@@ -25,6 +31,7 @@ from deploy.inventory.model import Inventory
 from deploy.plan.command import split_args
 from deploy.plan.lints import public_warnings, refuse_problems
 from deploy.plan.planner import Options, plan_run
+from deploy.plan.pythons import payload_need
 from deploy.plan.text import plan_text
 from deploy.run.hostchecks import check_hosts
 from deploy.run.preflight import refuse_bad_input
@@ -276,7 +283,7 @@ def check(c, hosts="", payload="payload", connect_timeout="10",
         timeout = seconds("--connect-timeout", connect_timeout)
         with reporter.status(f"checking {len(chosen.hosts)} host(s)…"):
             report = check_hosts(chosen, timeout, accept_new_host_keys,
-                                 requirements_hash(Path(payload)))
+                                 requirements_hash(Path(payload)), payload_need(Path(payload)))
     reporter.emit(CheckReported(report))
     exit_with(0 if report.ok else 1)
 

@@ -126,6 +126,7 @@ class HostAgent:
         self.stream: LineStream = self.transport.stream(agent_command(self.host).line)
         self.replies: dict[int, Reply] = {}
         self.heard = time.monotonic()
+        self.up = threading.Event()           # it said something, or its channel ended
         try:
             self.stream.send(boot_stdin())
         except TransportError:
@@ -198,6 +199,15 @@ class HostAgent:
         self._fail(replies, why)
         stream.close()
 
+    def wait_started(self, timeout: float) -> None:
+        """Wait for the agent's first word (a beat, sent as it starts serving): an agent that
+        cannot start (no such python, one too old) is named at login, before anything of a run
+        is written anywhere, not at its first step. One still silent after `timeout` is left
+        to its steps' own deadlines."""
+        self.up.wait(timeout)
+        if self.lost:
+            raise StepFailed(f"{self.host.label}: {self.lost}")
+
     def tell(self, request: Request) -> None:
         """Send a request that is not answered (a follow's credit); a lost channel is noticed
         by the reader."""
@@ -229,6 +239,7 @@ class HostAgent:
         try:
             while (doc := read_frame(stream, bounds)) is not None:
                 self.heard = time.monotonic()
+                self.up.set()
                 number = doc.pop("id", None)
                 del doc["body"]          # answers carry none in memory (answer_bounds)
                 if number is None:
@@ -248,6 +259,7 @@ class HostAgent:
             why = f"{exc}"
         if stream is self.stream:
             self._fail_all(why)
+            self.up.set()
         else:                     # a channel given up on (restart): its replies are told
             self._fail(replies, why)
 
@@ -281,6 +293,13 @@ class HostAgent:
         if result.code in (126, 127):
             return (f"python {self.host.python!r} does not run there: {result.error_text()} "
                     f"(set 'python:' in the inventory)")
+        if result.code == deploy.host.boot.TOO_OLD or (
+                result.code == 2 and b"Unknown option: -I" in result.stderr):
+            oldest = ".".join(map(str, deploy.host.boot.OLDEST_PYTHON))
+            why = (result.error_text() if result.code == deploy.host.boot.TOO_OLD else
+                   f"{self.host.python} is Python 2; tfdeploy's host agent needs Python "
+                   f"{oldest} or newer")
+            return f"{why}: set 'python:' in the inventory to a newer interpreter"
         if result.code < 0:
             return "the connection was lost"
         return f"the host's agent ended ({result.error_text()})"

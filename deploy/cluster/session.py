@@ -162,9 +162,14 @@ class Session:
         """Log in to every host and start its agent; the hosts where that failed, and why."""
         def start(host: Host) -> tuple[Transport, HostAgent]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
+            agent = None
             try:
-                return transport, HostAgent(host, transport)
+                agent = HostAgent(host, transport)
+                agent.wait_started(connect_timeout)
+                return transport, agent
             except BaseException:
+                if agent is not None:
+                    agent.close()
                 transport.close()
                 raise
         results, errors = on_each(hosts, lambda h: h.name, start)

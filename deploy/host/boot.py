@@ -4,11 +4,29 @@ The controller starts `python -I -c BOOT` (deploy/plan/planner.py agent_command)
 executes what comes first on stdin: this file, headed by its length. Then comes the package
 itself, tfdeploy-host.zip headed by its length, imported from memory; nothing is written on
 the host before the checks have said that it may be. Then the requests (agent.py).
+
+This file alone must parse and run its first lines on any Python 3 a lab server may have: an
+interpreter older than the package's oldest is refused in words (too_old), never by a traceback
+from whichever module first uses what it lacks. (Python 2 refuses `-I` itself.)
 """
 import io
 import sys
 import zipfile
 from importlib.machinery import ModuleSpec
+
+# The oldest Python the host package runs on: it uses typing.get_args and
+# threading.get_native_id, both new in 3.8.
+OLDEST_PYTHON = (3, 8)
+# The agent's exit status when its Python is older; the controller names it (hostagent.py).
+TOO_OLD = 79
+
+
+def too_old():
+    """Why this Python cannot run the host package, or None."""
+    if sys.version_info >= OLDEST_PYTHON:
+        return None
+    return "%s is Python %s; tfdeploy's host agent needs Python %d.%d or newer" % (
+        sys.executable, sys.version.split()[0], OLDEST_PYTHON[0], OLDEST_PYTHON[1])
 
 
 class ZipInMemory:
@@ -52,6 +70,9 @@ def load(stream):
 
 
 if __name__ == "__main__":
+    if too_old():
+        sys.stderr.write(too_old() + "\n")
+        sys.exit(TOO_OLD)
     load(sys.stdin.buffer)
     from deploy.host.agent import serve
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -41,20 +41,37 @@ def package_path():
     environment's (which only site would make sys.prefix) and the user's, are added here."""
     import site
     prefixes = [sys.prefix]
-    for folder in (os.path.dirname(sys.executable), os.path.dirname(os.path.dirname(
-            sys.executable))):
-        config = os.path.join(folder, "pyvenv.cfg")
-        if os.path.isfile(config):
-            with open(config, encoding="utf-8", errors="replace") as f:
-                system = re.search(r"(?m)^include-system-site-packages\s*=\s*true\s*$",
-                                   f.read(), re.I)
-            prefixes = [folder] + ([sys.base_prefix] if system else [])
-            break
+    config = venv_config()
+    if config is not None:
+        folder = os.path.dirname(config)
+        with open(config, encoding="utf-8", errors="replace") as f:
+            system = re.search(r"(?m)^include-system-site-packages\s*=\s*true\s*$",
+                               f.read(), re.I)
+        prefixes = [folder] + ([sys.base_prefix] if system else [])
     path = list(sys.path)
     for directory in site.getsitepackages(prefixes) + [site.getusersitepackages()]:
         if os.path.isdir(directory) and directory not in path:
             path.append(directory)
     return path
+
+
+def venv_config():
+    """The pyvenv.cfg of the virtual environment this python belongs to, or None (read from
+    the files: with -S, sys.prefix does not say)."""
+    for folder in (os.path.dirname(sys.executable), os.path.dirname(os.path.dirname(
+            sys.executable))):
+        config = os.path.join(folder, "pyvenv.cfg")
+        if os.path.isfile(config):
+            return config
+    return None
+
+
+def externally_managed():
+    """Whether pip refuses to install into this python (PEP 668): a distribution's own Python
+    marks its standard library's directory EXTERNALLY-MANAGED; a virtual environment made from
+    it is not managed."""
+    return venv_config() is None and os.path.isfile(
+        os.path.join(os.path.dirname(os.__file__), "EXTERNALLY-MANAGED"))
 
 
 def normalized(name):
@@ -214,6 +231,7 @@ def probe(workdir, count, data=None):
         "data_problem": data_problem(data) if data else None,
         "python": sys.version.split()[0],
         "executable": sys.executable,
+        "externally_managed": externally_managed(),
         "versions": {key: version_of(names) for key, names in PACKAGES.items()},
         "disk_path": base,
         "disk_free": st.f_bavail * st.f_frsize,

@@ -314,11 +314,13 @@ class Probe(Answer):
     ipv6: bool
     workdir_problem: Optional[str] = None
     data_problem: Optional[str] = None
+    externally_managed: bool = False       # PEP 668: pip install is refused for it
 
     @classmethod
     def decode(cls, doc, verb):
         fields = Fields(doc, verb)
         return cls(python=fields.text("python"), executable=fields.text("executable"),
+                   externally_managed=fields.flag("externally_managed"),
                    versions=_versions(fields),
                    disk_path=fields.text("disk_path"), disk_free=fields.int("disk_free"),
                    writable=fields.flag("writable"), ports=Ports.decode(doc, verb).ports,
@@ -471,12 +473,14 @@ class EnvStatus(Answer):
     """inv setup's `env-status`: whether the environment exists (its versions then)."""
     ready: bool
     env: str
+    python: str                          # the version of the python it is built with
     versions: Mapping[str, Optional[str]] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, doc, verb="env-status"):
         fields = Fields(doc, verb)
-        return cls(fields.flag("ready"), fields.text("env"), _versions(fields, required=False))
+        return cls(fields.flag("ready"), fields.text("env"), fields.text("python"),
+                   _versions(fields, required=False))
 
 
 @dataclass(frozen=True)

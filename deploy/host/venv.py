@@ -87,9 +87,10 @@ def env_of(rundir):
 
 def envstatus(rundir, envdir=None):
     envdir = envdir or env_of(rundir)
+    python = sys.version.split()[0]       # the agent's: the one a build would use
     if ready(envdir, wanted(rundir)):
-        return {"ready": True, "env": envdir, "versions": versions(envdir)}
-    return {"ready": False, "env": envdir}
+        return {"ready": True, "env": envdir, "python": python, "versions": versions(envdir)}
+    return {"ready": False, "env": envdir, "python": python}
 
 
 def run_logged(argv, rundir, tell):

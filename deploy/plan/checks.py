@@ -15,6 +15,7 @@ from deploy.host.protocol import (
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
+from deploy.plan.pythons import PythonNeed, install_hint, python_problem
 
 HOSTCHECK_SOURCE = Path(deploy.host.probe.__file__)
 # A run needs room for the payload, logs and the chief's output; below this it is likely to
@@ -106,17 +107,24 @@ def room_problem(label: str, free: int, where: str, push_bytes: int) -> str | No
             f"({size(needs)} with the margin for logs and output)")
 
 
-def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0) -> None:
+def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0,
+                need: PythonNeed | None = None) -> None:
     """`push_bytes`: what the run's push may write to this host (payload and data, cached or
-    not); 0 when there is no push (`inv check`)."""
+    not); 0 when there is no push (`inv check`). `need`: the Pythons the payload's TensorFlow
+    runs on (pythons.py)."""
     host, label = check.host, check.host.label
     check.probe = answer
     versions = answer.versions
-    for package, version in versions.items():
-        if version is None:
-            check.problems.append(f"{label}: {package} is not installed for "
-                                  f"{answer.executable or host.python} "
-                                  f"(pip install {PACKAGES.get(package, (package,))[0]})")
+    wrong_python = python_problem(answer.python, need, bool(versions.get("tensorflow")))
+    if wrong_python:
+        # Installing packages for this python would not help: it is the python to change.
+        check.problems.append(f"{label}: {wrong_python}")
+    missing = [package for package, version in versions.items() if version is None]
+    if missing and not wrong_python:
+        names = " and ".join(filter(None, [", ".join(missing[:-1]), missing[-1]]))
+        check.problems.append(f"{label}: {names} {'is' if len(missing) == 1 else 'are'} not "
+                              f"installed for {answer.executable or host.python} "
+                              f"({install_hint(missing, answer.externally_managed)})")
     tf, tfk = versions.get("tensorflow"), versions.get("tf_keras")
     if tf and tfk and minor(tf) != minor(tfk):
         check.problems.append(f"{label}: tf_keras {tfk} does not match tensorflow {tf} "

@@ -18,6 +18,7 @@ from deploy.inventory.model import Inventory
 from deploy.plan.envbuild import HostSetup, SetupPlan, plan_setup
 from deploy.push.bundle import BundleError, add_bytes
 from deploy.cluster.hostagent import Reply
+from deploy.plan.pythons import PythonNeed, payload_need, python_problem
 from deploy.cluster.parallel import on_all
 from deploy.cluster.session import Session, checked
 from deploy.state.record import new_run_id
@@ -75,7 +76,7 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
     progress = {hp.host.name: HostProgress(hp.host.name) for hp in plan.hosts}
     try:
         _run(session, plan, {hp.host.name: stage(hp.run_id, data) for hp in plan.hosts}, wheels,
-             progress, reporter)
+             progress, reporter, payload_need(payload))
     finally:
         problems = _cleanup(session, plan)
         session.close()
@@ -85,7 +86,8 @@ def setup(inventory: Inventory, payload: Path, wheelhouse: Path | None, connect_
 
 
 def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: list[Path],
-         progress: dict[str, HostProgress], reporter: Reporter) -> None:
+         progress: dict[str, HostProgress], reporter: Reporter,
+         need: PythonNeed | None) -> None:
     t = session.transports
     with reporter.status("checking existing environments…"):
         status = session.ask_all("checking environments", plan.hosts, lambda hp: hp.status,
@@ -94,9 +96,13 @@ def _run(session: Session, plan: SetupPlan, stages: dict[str, bytes], wheels: li
     for hp in plan.hosts:
         p = progress[hp.host.name]
         p.env = status[hp.host.name].env      # where this host keeps its environment
+        wrong_python = python_problem(status[hp.host.name].python, need)
         if status[hp.host.name].ready:
             p.state, p.line, p.ended = "reused", "environment exists: reused", time.monotonic()
             p.versions = status[hp.host.name].versions
+        elif wrong_python:
+            # pip would end, minutes later, in "No matching distribution found".
+            p.state, p.line, p.ended = "failed", wrong_python, time.monotonic()
         else:
             todo.append(hp)
     if wheels and todo:

@@ -17,6 +17,7 @@ from deploy.plan.checks import (
     mesh_specs, probe_request, version_problems
 )
 from deploy.plan.planner import env_requirements
+from deploy.plan.pythons import PythonNeed
 from deploy.run.mesh import probe_mesh
 from deploy.cluster.session import Session, gather
 from deploy.state.events import CheckReported, HostsChecked, Reporter
@@ -31,10 +32,12 @@ class ChecksFailed(Failure):
 def run_checks(inventory: Inventory, session: Session,
                unreachable: Mapping[str, str] | None = None,
                requirements_sha256: str | None = None,
-               push_bytes: Mapping[str, int] | None = None) -> CheckReport:
+               push_bytes: Mapping[str, int] | None = None,
+               need: PythonNeed | None = None) -> CheckReport:
     """Check every host of the session's; hosts in `unreachable` (name -> why) are reported as
     such. `requirements_sha256` names the `inv setup` environment the tasks would prefer;
-    `push_bytes` (by host name) what a run's push may write there, judged against its room."""
+    `push_bytes` (by host name) what a run's push may write there, judged against its room;
+    `need` the Pythons the payload's TensorFlow runs on."""
     started = time.monotonic()
     checks = [HostCheck(h) for h in inventory.hosts]
     for c in checks:
@@ -52,7 +55,7 @@ def run_checks(inventory: Inventory, session: Session,
         if c.host.name in errors:
             c.problems.append(str(errors[c.host.name]))
         else:
-            judge_probe(c, answers[c.host.name], (push_bytes or {}).get(c.host.name, 0))
+            judge_probe(c, answers[c.host.name], (push_bytes or {}).get(c.host.name, 0), need)
     probed = [c for c in connected if c.probe]
     report = CheckReport(checks, version_problems(checks))
     port_problem = assign_task_ports(probed) if probed else None
@@ -66,13 +69,14 @@ def run_checks(inventory: Inventory, session: Session,
 
 
 def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_keys: bool,
-                requirements_sha256: str | None = None) -> CheckReport:
+                requirements_sha256: str | None = None,
+                need: PythonNeed | None = None) -> CheckReport:
     """`inv check`: connect to every host itself, so that unreachable hosts become rows too."""
     started = time.monotonic()
     session, errors = Session.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
     try:
         report = run_checks(inventory, session, {n: str(e) for n, e in errors.items()},
-                            requirements_sha256)
+                            requirements_sha256, need=need)
     finally:
         session.close()
     report.seconds = time.monotonic() - started
@@ -81,13 +85,14 @@ def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_ke
 
 def check_before_run(session: Session, inventory: Inventory, reporter: Reporter,
                      requirements_sha256: str | None = None,
-                     push_bytes: Mapping[str, int] | None = None) -> CheckReport:
+                     push_bytes: Mapping[str, int] | None = None,
+                     need: PythonNeed | None = None) -> CheckReport:
     """`train`'s checks, on the session's agents. On a problem the session is closed and
     ChecksFailed raised: nothing has been started or written on any host."""
     try:
         with reporter.status(f"checking {len(inventory.hosts)} host(s)…"):
             report = run_checks(inventory, session, requirements_sha256=requirements_sha256,
-                                push_bytes=push_bytes)
+                                push_bytes=push_bytes, need=need)
         if not report.ok:
             reporter.emit(CheckReported(report))
             raise ChecksFailed(f"{len(report.all_problems)} problem(s) found before starting; "

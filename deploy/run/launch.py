@@ -23,6 +23,7 @@ from deploy.plan.ports import task_ports
 from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
+from deploy.plan.pythons import payload_need
 from deploy.run.hostchecks import check_before_run
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
 from deploy.run.lostport import NewPorts
@@ -98,7 +99,7 @@ def connect_and_check(prepared: Prepared, settings: RunSettings,
     push_bytes = {h.name: prepared.payload.total_bytes + prepared.data.bytes_for(h)
                   for h in inventory.hosts}
     report = check_before_run(session, inventory, reporter, plan.options.requirements_sha256,
-                              push_bytes)
+                              push_bytes, payload_need(Path(plan.options.payload)))
     return session, report.host_ports
 
 

@@ -48,7 +48,8 @@ def probe(versions=GOOD, free=10 * 1024 ** 3, ports=(20001, 20002, 20003, 20004,
           writable=True, **more):
     return Probe.decode({"python": "3.11.2", "executable": "python3",
                          "versions": dict(versions), "disk_path": "/srv", "disk_free": free,
-                         "writable": writable, "ports": list(ports), "ipv6": True, **more},
+                         "writable": writable, "ports": list(ports), "ipv6": True,
+                         "externally_managed": False, **more},
                         "probe")
 
 

@@ -348,7 +348,7 @@ def test_the_probe_asks_about_a_remote_data_path_and_names_host_and_field(lab, t
     judge_probe(check, Probe.decode({
         "python": "3", "executable": "python3", "versions": {}, "disk_path": "/",
         "disk_free": 1 << 40, "writable": True, "ports": [], "ipv6": True,
-        "data_problem": "does not exist"}, "probe"))
+        "externally_managed": False, "data_problem": "does not exist"}, "probe"))
     assert check.problems == ["c (10.0.0.3): field 'data': remote path ~/datasets/mnist does "
                               "not exist on the host"]
 

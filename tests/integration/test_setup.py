@@ -273,8 +273,8 @@ def test_hosts_sharing_a_workdir_each_build_and_run_the_env_of_their_own_python(
         checked = inv("check", "--hosts", str(both), "--payload", str(payload))
         assert checked.returncode == 1, checked.stdout + checked.stderr
         for env in (first, second):
-            assert f"tensorflow is not installed for {env}/bin/python" in checked.stdout, \
-                checked.stdout
+            assert f"tensorflow, tf_keras and numpy are not installed for {env}/bin/python" \
+                in checked.stdout, checked.stdout
         runs = tmp_path / "runs"
         trained = inv("train", "--hosts", str(both), "--payload", str(payload),
                       "--runs-dir", str(runs), "--start-timeout", "0", "--no-check")

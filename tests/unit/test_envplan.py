@@ -150,7 +150,7 @@ def test_an_env_is_ready_only_for_the_same_requirements_and_python(tmp_path):
     (env / hostenv.MARKER).unlink()                                   # an unfinished build
     assert not hostenv.ready(str(env), want)
     assert hostenv.envstatus(str(rundir), str(tmp_path / "missing")) == {
-        "ready": False, "env": str(tmp_path / "missing")}
+        "ready": False, "env": str(tmp_path / "missing"), "python": sys.version.split()[0]}
 
 
 def test_relocate_points_scripts_at_the_final_place(tmp_path):

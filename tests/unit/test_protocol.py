@@ -36,9 +36,10 @@ GOOD = {
     "probe": ({"python": "3.11.2", "executable": "/usr/bin/python3",
                "versions": {"tensorflow": "2.21.0", "numpy": None}, "disk_path": "/srv",
                "disk_free": 1 << 30, "writable": True, "ports": [20001], "ipv6": False,
-               "workdir_problem": None, "data_problem": "does not exist"},
+               "workdir_problem": None, "data_problem": "does not exist",
+               "externally_managed": True},
               Probe("3.11.2", "/usr/bin/python3", {"tensorflow": "2.21.0", "numpy": None},
-                    "/srv", 1 << 30, True, (20001,), False, None, "does not exist")),
+                    "/srv", 1 << 30, True, (20001,), False, None, "does not exist", True)),
     "ports": ({"ports": [1, 65535]}, None),
     "mesh-listen": ({"listening": [20001], "bind_errors": {"20002": "in use"}},
                     MeshListening((20001,), {"20002": "in use"})),
@@ -147,7 +148,8 @@ def test_beats_errors_and_setup_lines_are_checked_too():
     assert error_of({"ok": 1}, "push") is None
     with pytest.raises(ProtocolError, match="bad answer to push: error is not text"):
         error_of({"error": ["x"]}, "push")
-    assert EnvStatus.decode({"ready": False, "env": "/e"}) == EnvStatus(False, "/e")
+    assert EnvStatus.decode({"ready": False, "env": "/e", "python": "3.8.18"}) == \
+        EnvStatus(False, "/e", "3.8.18")
     done = SetupEvent.decode({"event": "done", "reused": True, "env": "/e",
                               "versions": {"numpy": "2"}})
     assert done == SetupEvent("done", reused=True, env="/e", versions={"numpy": "2"})
