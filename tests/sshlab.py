@@ -109,7 +109,8 @@ class SshLab:
         return [s.proc.pid for s in self._servers]
 
     def start(self, n: int, *, record_host_keys: bool = True, ipv6: bool = False,
-              setenv: Mapping[str, str] | None = None) -> list[LabHost]:
+              setenv: Mapping[str, str] | None = None,
+              sshd_options: Mapping[str, str] | None = None) -> list[LabHost]:
         """Start n more sshd servers and return their hosts once each shows an SSH banner.
 
         With record_host_keys=False the servers' keys are left out of known_hosts (an unknown
@@ -117,12 +118,15 @@ class SshLab:
         With ipv6=True they all listen on ::1, each on its own port. ``setenv`` is set in every
         session of these servers (sshd's SetEnv, which overrides its default PATH): e.g. a PATH
         under which ``python3`` is another Python build than on the other hosts.
+        ``sshd_options`` replace the lab's sshd_config keywords or add others, e.g. a host that
+        trusts a user CA and no authorized key (TrustedUserCAKeys, AuthorizedKeysFile none).
         """
         if n < 1:
             raise ValueError(f"n must be at least 1, not {n}")
         self._prepare()
         # If one fails, those already up stay tracked in self._servers, so stop() ends them.
-        return [self._start_one(record_host_keys, ipv6, setenv or {}) for _ in range(n)]
+        return [self._start_one(record_host_keys, ipv6, setenv or {}, sshd_options or {})
+                for _ in range(n)]
 
     def stop(self) -> None:
         """End every sshd this lab started: SIGTERM, then SIGKILL after STOP_GRACE seconds.
@@ -224,13 +228,13 @@ class SshLab:
         self.known_hosts.touch(mode=0o600)
         self._prepared = True
 
-    def _start_one(self, record_host_key: bool, ipv6: bool,
-                   setenv: Mapping[str, str]) -> LabHost:
+    def _start_one(self, record_host_key: bool, ipv6: bool, setenv: Mapping[str, str],
+                   sshd_options: Mapping[str, str] | None = None) -> LabHost:
         address = IPV6_LOOPBACK if ipv6 else self._next_v4()
         host, host_key = self._new_host(address, 0)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             host = dataclasses.replace(host, port=free_port(address))
-            server = self._spawn(host, host_key, setenv=setenv)
+            server = self._spawn(host, host_key, setenv=setenv, sshd_options=sshd_options)
             try:
                 _wait_ready(server)
             except LabError:
@@ -267,11 +271,12 @@ class SshLab:
         return host, host_key
 
     def _spawn(self, host: LabHost, host_key: Path, prefix: tuple[str, ...] = (),
-               setenv: Mapping[str, str] | None = None) -> _Server:
+               setenv: Mapping[str, str] | None = None,
+               sshd_options: Mapping[str, str] | None = None) -> _Server:
         """Start this host's sshd (behind `prefix`, e.g. `ip netns exec NS`) and track it."""
         config = host.log.with_name("sshd_config")
         config.write_text(self._config(host, host_key, host.log.with_name("sshd.pid"),
-                                       setenv or {}))
+                                       setenv or {}, sshd_options or {}))
         with open(host.log, "ab") as log:
             proc = subprocess.Popen([*prefix, str(self.sshd), "-D", "-e", "-f", str(config)],
                                     stdin=subprocess.DEVNULL, stdout=log,
@@ -281,12 +286,20 @@ class SshLab:
         return server
 
     def _config(self, host: LabHost, host_key: Path, pid_file: Path,
-                setenv: Mapping[str, str]) -> str:
+                setenv: Mapping[str, str], sshd_options: Mapping[str, str] | None = None) -> str:
         for name, value in setenv.items():
             if not name.isidentifier() or any(c.isspace() or c == '"' for c in value):
                 raise ValueError(f"SetEnv {name}={value!r}: a name, and a value without "
                                  "spaces or quotes")
-        return "\n".join([
+        lines = self._config_lines(host, host_key, pid_file, setenv)
+        # sshd takes a keyword's first line: a replaced keyword's own line goes.
+        options = {k.lower(): f"{k} {v}" for k, v in (sshd_options or {}).items()}
+        kept = [line for line in lines if line.split(" ")[0].lower() not in options]
+        return "\n".join([*kept[:-1], *options.values(), ""])
+
+    def _config_lines(self, host: LabHost, host_key: Path, pid_file: Path,
+                      setenv: Mapping[str, str]) -> list[str]:
+        return [
             f"# tfdeploy test lab: {host.name}",
             f"ListenAddress {host.address}",
             f"Port {host.port}",
@@ -307,7 +320,7 @@ class SshLab:
             # One line: sshd takes the first SetEnv and ignores the rest.
             *(["SetEnv " + " ".join(f"{n}={v}" for n, v in setenv.items())] if setenv else []),
             "",
-        ])
+        ]
 
 
 def free_port(address: str) -> int:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Callable, Hashable, Iterable, Mapping
 
 from deploy.host.archive import ROOM_MARGIN, Limits, Refused, size, survey, unpack
-from deploy.host.protocol import TaskStatus, quoted
+from deploy.host.protocol import PortsFreeRequest, TaskStatus, quoted
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Request
 from deploy.plan.planner import (
     HostPlan, RunPlan, cleanup_request, fetch_backup_request, fetch_output_request, host_offsets,
-    poll_request, receive_request, replace_backup_request, stop_request
+    poll_request, receive_request, replace_backup_request, stop_request, tensorboard_tail_request
 )
 from deploy.plan.ports import choose_ports, task_ports
 from deploy.cluster.hostagent import Body, HostAgent, StepFailed
@@ -263,6 +263,11 @@ class Session:
                               {name: list(answer.ports) for name, answer in answers.items()})
         return task_ports(plan.tasks, chosen)
 
+    def ports_free(self, host: str, ports: tuple[int, ...]) -> tuple[int, ...]:
+        """Which of `ports` are free on `host` now."""
+        return self.agents[host].ask(Request(PortsFreeRequest(ports)),
+                                     "probing ports").wait(60).ports
+
     def launch(self, plan: RunPlan, attempt: int = 1, only: int | None = None) -> None:
         """Start every task (or the task of index `only`, relaunched in place). The attempt
         (1, then 2... under --restarts) also tells the agent to set the previous attempt's
@@ -331,6 +336,27 @@ class Session:
         for line in skipped_lines(label, what, done.skipped, done.skipped_count):
             warn(line)
         return done.files
+
+    def fetch_tensorboard_tails(self, plan: RunPlan, sizes: Mapping[str, int], into: Path,
+                                limits: Limits, timeout: float) -> dict[str, int]:
+        """What the chief's TensorBoard logs have beyond `sizes`, unpacked into the empty
+        directory `into` as archive.py unpacks (nothing outside it, within `limits`): each
+        piece's offset in its file, by name."""
+        hp = plan.chief_host
+        with BodyFile(into, limits) as spool:
+            reply = self.agents[hp.host.name].ask(tensorboard_tail_request(hp.run_dir, sizes,
+                                                                           limits),
+                                                  "fetching TensorBoard logs", into=spool)
+            offsets = reply.wait(timeout).offsets
+            archive = spool.ready(hp.host.label, "fetching TensorBoard logs")
+            if archive is None:
+                return {}
+            try:
+                unpack(archive, str(into), limits)
+            except Refused as exc:
+                raise refused(hp.host.label, "the TensorBoard logs", spool.size, exc,
+                              limits) from None
+        return offsets
 
     def carry_backup(self, plan: RunPlan, filesystems: Mapping[str, str | None],
                      limits: Limits, spool_dir: Path, warn: Callable[[str], None],

@@ -29,9 +29,9 @@ from deploy.host.layout import BACKUP, checked_task_key, in_run
 from deploy.host.protocol import (
     CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
     EnvStatusRequest, FollowRequest, HostError, LaunchRequest, MeshCloseRequest,
-    MeshDialRequest, MeshListenRequest, PollRequest, PortsRequest, ProbeRequest, PruneRequest,
-    PushRequest, ReceiveRequest, ReplaceBackupRequest, StopRequest, TarOutRequest,
-    decode_request
+    MeshDialRequest, MeshListenRequest, PollRequest, PortsFreeRequest, PortsRequest,
+    ProbeRequest, PruneRequest, PushRequest, ReceiveRequest, ReplaceBackupRequest, StopRequest,
+    TailRequest, TarOutRequest, decode_request
 )
 from deploy.host.rundir import run_id_of
 from deploy.host.stage import StageError, unpack_stage
@@ -121,6 +121,10 @@ def probe_host(call):
 
 def ports(call):
     return {"ports": probe.free_ports(call.request.count)}
+
+
+def ports_free(call):
+    return {"ports": probe.ports_free(call.request.ports)}
 
 
 def mesh_listen(call):
@@ -236,6 +240,13 @@ def tar_out(call):
                                  archive.Limits(request.max_bytes, request.max_members))}
 
 
+def tail(call):
+    request = call.request
+    body, offsets = archive.pack_tails(request.folder, request.sizes,
+                                       archive.Limits(request.max_bytes, request.max_members))
+    return {"body": body, "offsets": offsets}
+
+
 def replace_backup(call):
     """Replace the run's backup/ with the tar.gz that came with the request (another host's:
     unpacked as archive.py unpacks, nothing outside backup/); only <rundir>/backup is deleted,
@@ -271,12 +282,13 @@ def env_build(call):
 # Each request type's handler: it returns the answer's document, or None when it answered by
 # itself (the mesh phases) or needs no answer (a credit).
 HANDLERS = {
-    ProbeRequest: probe_host, PortsRequest: ports,
+    ProbeRequest: probe_host, PortsRequest: ports, PortsFreeRequest: ports_free,
     MeshListenRequest: mesh_listen, MeshDialRequest: mesh_next, MeshCloseRequest: mesh_next,
     PushRequest: payload_push, DataPushRequest: data_push,
     LaunchRequest: launch, PollRequest: poll, FollowRequest: follow, CreditRequest: credit,
     StopRequest: ending, CleanupRequest: ending,
-    TarOutRequest: tar_out, ReplaceBackupRequest: replace_backup, PruneRequest: pruning,
+    TarOutRequest: tar_out, TailRequest: tail, ReplaceBackupRequest: replace_backup,
+    PruneRequest: pruning,
     EnvStatusRequest: env_status, EnvBuildRequest: env_build,
 }
 # Requests whose files follow them on the channel: handled in the reading thread.

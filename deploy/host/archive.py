@@ -303,6 +303,42 @@ def pack(folder, limits=None):
     return buf.getvalue()
 
 
+def pack_tails(folder, sizes, limits):
+    """What each regular file under `folder` has past its size in `sizes` (by name relative to
+    `folder`; a file not named there, or now shorter than named: all of it), as tar.gz of those
+    pieces, and each piece's offset in its file, by name. At most `limits` a call: the rest
+    comes with the next. Links are not followed; files are read as they are (a file being
+    appended to gives what it has)."""
+    if not os.path.isdir(folder):
+        return b"", {}
+    buf, offsets, total = io.BytesIO(), {}, 0
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for top, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(top, name)
+                rel = os.path.relpath(path, folder)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError:
+                    continue                 # a link, or gone since the walk saw it
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    start = sizes.get(rel, 0)
+                    start = start if 0 <= start <= st.st_size else 0
+                    length = min(st.st_size - start, limits.bytes - total)
+                    if not stat.S_ISREG(st.st_mode) or length <= 0 or \
+                            len(offsets) >= limits.members:
+                        continue
+                    f.seek(start)
+                    data = f.read(length)
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = len(data), 0o600, int(st.st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+                offsets[rel], total = start, total + len(data)
+    return (buf.getvalue() if offsets else b""), offsets
+
+
 def _tree_size(folder):
     members = total = 0
     for top, dirs, files in os.walk(folder):

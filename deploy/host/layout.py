@@ -50,6 +50,7 @@ DATA_MANIFEST = re.compile(r"^data-[0-9a-f]{64}\.json$")
 REQUIREMENTS = "requirements.txt"
 PAYLOAD = "payload"
 OUTPUT = "output"
+TENSORBOARD = "output/tensorboard"    # where the payload writes them (TFDEPLOY_OUTPUT_DIR/...)
 BACKUP = "backup"
 HOSTS = "hosts"
 FILESYSTEM = "filesystem.json"

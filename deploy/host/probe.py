@@ -10,6 +10,7 @@ only, like the rest of deploy/host.
     mesh(SPEC)            listen on this host's task ports, connect to the other tasks' ports,
                           report what answered (see mesh()), in phases the controller drives
     free_ports(COUNT)     COUNT free TCP ports, distinct from each other
+    ports_free(PORTS)     which of PORTS are free now
 """
 import json
 import os
@@ -210,6 +211,24 @@ def free_ports(count):
     finally:
         for s in socks:
             s.close()
+
+
+def ports_free(ports):
+    """Which of `ports` this host could listen on now, as TensorFlow's gRPC would (every
+    interface, SO_REUSEADDR: connections of a task that ended, in TIME_WAIT, do not hold its
+    port; another program listening there does)."""
+    free = []
+    for port in ports:
+        s, anywhere = any_address_socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((anywhere, port))
+            free.append(port)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return free
 
 
 def data_problem(path):

@@ -426,6 +426,22 @@ class Archived(Done):
 
 
 @dataclass(frozen=True)
+class Tails(Answer):
+    """`tail`: the new bytes of a folder's files, as tar.gz in the frame's body (a file on
+    the controller), and where each piece starts in its file, by the file's relative name."""
+    offsets: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def decode(cls, doc, verb):
+        offsets, checked = Fields(doc, verb).object("offsets"), {}
+        for name, offset in offsets.items():
+            if _integer(offsets, name, offset) < 0:
+                raise offsets.fail(name, "is negative: %d" % offset)
+            checked[name] = offset
+        return cls(checked)
+
+
+@dataclass(frozen=True)
 class Unpacked(Answer):
     """`replace-backup`: the files unpacked, and the members skipped (name, why), the first
     few of `skipped_count`."""
@@ -660,6 +676,13 @@ class PortsRequest(HostRequest):
     count: int
 
 
+@_registered("ports-free", Ports)
+@dataclass(frozen=True)
+class PortsFreeRequest(HostRequest):
+    """Which of `ports` are free on this host now (an in-place relaunch's port, before it)."""
+    ports: Tuple[int, ...]
+
+
 @_registered("mesh-listen", MeshListening)
 @dataclass(frozen=True)
 class MeshListenRequest(HostRequest):
@@ -790,6 +813,17 @@ class CleanupRequest(HostRequest):
 class TarOutRequest(HostRequest):
     """`folder` as tar.gz, refused past `max_bytes` of files or `max_members` members."""
     folder: str
+    max_bytes: int
+    max_members: int
+
+
+@_registered("tail", Tails)
+@dataclass(frozen=True)
+class TailRequest(HostRequest):
+    """The bytes of each file under `folder` past its size in `sizes` (by relative name; a
+    file not named there: all of it), at most `max_bytes` and `max_members` files a time."""
+    folder: str
+    sizes: Mapping[str, int]
     max_bytes: int
     max_members: int
 

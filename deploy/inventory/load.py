@@ -20,7 +20,7 @@ from deploy.inventory.address import Address
 from deploy.inventory.datasource import parse_data
 from deploy.inventory.model import ROLES, EnvValue, Host, Inventory, InventoryError
 from deploy.inventory.names import name_problem
-from deploy.inventory.sshconfig import Route, SshConfigError, SshConfigs
+from deploy.inventory.sshconfig import Hop, Route, SshConfigError, SshConfigs
 
 TRANSPORTS = ("ssh", "local")
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -44,7 +44,7 @@ MAX_TASKS = 512
 
 HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
-    "identity_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
+    "identity_file": str, "certificate_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
     "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
     "data": dict, "ssh_config": str, "jump": str, "role": str,
 }
@@ -293,11 +293,18 @@ def _ssh_route(raw: dict, address: str, transport: str, resolvers: Resolvers,
         if problem:
             raise fail(key, problem)
     try:
-        return resolvers.route(raw.get("ssh_config", sshconfig.DEFAULT_FILE), address,
-                               raw.get("port"), raw.get("user"), raw.get("identity_file"),
-                               raw.get("known_hosts"), raw.get("jump"))
+        route = resolvers.route(raw.get("ssh_config", sshconfig.DEFAULT_FILE), address,
+                                raw.get("port"), raw.get("user"), raw.get("identity_file"),
+                                raw.get("known_hosts"), raw.get("jump"))
     except SshConfigError as exc:
         raise fail(exc.field, str(exc)) from None
+    certificate = raw.get("certificate_file")
+    if not certificate:
+        return route
+
+    def certified(hop: Hop) -> Hop:         # as `ssh -o CertificateFile=…`: first, every hop
+        return dataclasses.replace(hop, certificate_files=(certificate, *hop.certificate_files))
+    return Route(certified(route.target), tuple(map(certified, route.via)), route.accept_new)
 
 
 class Resolvers:

@@ -18,7 +18,7 @@ def login_document(host: Host) -> dict:
         "identity_files": [os.path.expanduser(f) for f in hop.identity_files],
         "identities_only": hop.identities_only,
         "identity_agent": hop.identity_agent,
-        "certificate_files": list(hop.certificate_files),
+        "certificate_files": [os.path.expanduser(f) for f in hop.certificate_files],
         "host_key_alias": hop.host_key_alias,
         "known_hosts": list(hop.known_hosts if hop.known_hosts is not None
                             else (os.path.expanduser(host.known_hosts),)),

@@ -174,7 +174,8 @@ def _hop(options: dict[str, list[str]], name: str, host: str, given_user: str | 
         else expand(agent, tokens, FILE_TOKENS, "identityagent"),
         certificate_files=files("certificatefile"),
         known_hosts=_file_list(options, "userknownhostsfile"),
-        global_known_hosts=_file_list(options, "globalknownhostsfile"),
+        global_known_hosts=tuple(expand(f, tokens, "", "globalknownhostsfile", tokens_too=False)
+                                 for f in _file_list(options, "globalknownhostsfile")),
         host_key_alias=alias,
         proxy_command=proxy and expand(proxy, tokens, PROXY_TOKENS, "proxycommand",
                                        environment=False),
@@ -182,16 +183,41 @@ def _hop(options: dict[str, list[str]], name: str, host: str, given_user: str | 
 
 
 def _file_list(options: dict[str, list[str]], keyword: str) -> tuple[str, ...]:
-    """A known_hosts list, which `ssh -G` prints expanded; `none` is no file."""
+    """A known_hosts list; `none` is no file. `ssh -G` prints its files joined by spaces, with
+    no quotes: a file whose name has a space (`"~/Library/Application Support/ssh/known_hosts"`
+    in the config) comes as several words. Every file ssh names starts with `/` (expanded, the
+    user's files) or `~` (the global ones, expanded when used): a word that starts with neither
+    goes on the file before it."""
     value = _one(options, keyword)
-    return tuple(value.split()) if value else ()
+    files: list[str] = []
+    for word in (value or "").split(" "):
+        if files and not word.startswith(("/", "~")):
+            files[-1] += " " + word
+        elif word:
+            files.append(word)
+    return tuple(files)
+
+
+def expand_tilde(value: str) -> str:
+    """A leading `~` or `~user` as ssh expands it (tilde_expand_filename): from the password
+    database, not $HOME; an unknown user's is left as written, which names no file."""
+    if not value.startswith("~"):
+        return value
+    user, slash, rest = value[1:].partition("/")
+    try:
+        base = home() if not user else pwd.getpwnam(user).pw_dir
+    except KeyError:
+        return value
+    return base.rstrip("/") + "/" + rest if slash else base
 
 
 def expand(value: str, tokens: dict[str, str], allowed: str, keyword: str,
-           environment: bool = True) -> str:
-    """`value` as ssh expands it: a leading `~`, then %-tokens and ${VARIABLES}."""
-    if environment and (value == "~" or value.startswith("~/")):
-        value = home() + value[1:]
+           environment: bool = True, tokens_too: bool = True) -> str:
+    """`value` as ssh expands it: a leading `~` or `~user`, then %-tokens and ${VARIABLES}."""
+    if environment:
+        value = expand_tilde(value)
+    if not tokens_too:
+        return value
 
     def one(match: re.Match) -> str:
         token, variable = match.groups()

@@ -36,7 +36,9 @@ MAX_CONFIG_CHARS = 1 << 20
 MAX_INCLUDE_DEPTH = 16
 MAX_HOPS = 8
 # [user@]host[:port]; host may be [IPv6]. An ssh:// prefix is allowed, as OpenSSH allows it.
-HOP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@\s:/]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^@\s:/\[\]]+)"
+# ssh's own reading of a gateway (hpdelim): brackets may hold any host, an IPv4 address or a
+# name as well as an IPv6 one (`ops@[10.20.0.1]:2200`).
+HOP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@\s:/]+)@)?(?P<host>\[[^\]\[@\s/]+\]|[^@\s:/\[\]]+)"
                  r"(?::(?P<port>\d+))?$")
 INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.*)$", re.IGNORECASE)
 
@@ -96,16 +98,19 @@ def parse_hops(spec: str, field: str = "jump") -> list[tuple[str | None, str, in
     for part in spec.split(","):
         match = HOP.fullmatch(part.strip())
         port = match and match.group("port")
+        given = match and match.group("host").removeprefix("[").removesuffix("]")
         try:
-            host = match and Address.parse(match.group("host")).text
+            address = match and Address.parse(given)
         except ValueError:
-            host = None
-        if not host or (port is not None and not 1 <= int(port) <= 65535):
+            address = None
+        if not address or (port is not None and not 1 <= int(port) <= 65535):
             raise SshConfigError(f"{part.strip()!r} is not a gateway; use [user@]host[:port] "
                                  f"(an ssh-config alias will do; an IPv6 address in brackets), "
                                  f"several separated by commas", field)
-        for what, name in (("user", match.group("user")), ("host", match.group("host"))):
-            problem = name and not name.startswith("[") and name_problem(name)
+        host = address.text
+        for what, name in (("user", match.group("user")),
+                           ("host", None if address.ip else given)):
+            problem = name and name_problem(name)
             if problem:
                 raise SshConfigError(f"gateway {what} {problem}", field)
         hops.append((match.group("user"), host, int(port) if port else None))

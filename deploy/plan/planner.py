@@ -16,7 +16,7 @@ from deploy.host.layout import in_run
 from deploy.host.protocol import (
     CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, FollowRequest,
     LaunchRequest, PollRequest, PortsRequest, PushRequest, ReceiveRequest,
-    ReplaceBackupRequest, StopRequest, TarOutRequest
+    ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest
 )
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
@@ -205,6 +205,13 @@ def fetch_output_request(rundir: str, limits: Limits) -> Request:
     more than `limits` (an archive past them would be refused here)."""
     return Request(TarOutRequest(HostPath(in_run(rundir, layout.OUTPUT)), limits.bytes,
                                  limits.members))
+
+
+def tensorboard_tail_request(rundir: str, sizes: Mapping[str, int], limits: Limits) -> Request:
+    """What the chief's TensorBoard logs have beyond `sizes` (the local copy's): event files
+    only grow, so only their new bytes travel."""
+    return Request(TailRequest(HostPath(in_run(rundir, layout.TENSORBOARD)), dict(sizes),
+                               limits.bytes, limits.members))
 
 
 def fetch_backup_request(rundir: str, limits: Limits) -> Request:

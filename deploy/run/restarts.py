@@ -45,6 +45,13 @@ class Restarter:
             run.reporter.emit(RestartRefused(f"no restarts left ({self.limit} allowed): "
                                              f"{task.name} is not relaunched"))
             return False
+        # Its peers know it by this port, so it is its only one: one taken meanwhile by
+        # another program would fail it at once, a relaunch spent for nothing.
+        port = next(t.port for t in run.plan.tasks if t.index == task.index)
+        if port and port not in run.session.ports_free(task.host, (port,)):
+            run.reporter.emit(RestartRefused(f"{task.name} is not relaunched: its port {port} on "
+                                             f"{task.host} was taken by another program"))
+            return False
         run.attempts.append({"attempt": task.relaunches + 1, "failed_task": task.name,
                              "reason": reason, "ended": time.time(), "in_place": True})
         task.relaunches += 1

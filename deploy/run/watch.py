@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from deploy.run.follow import Event, Followers
+from deploy.run.livetensorboard import LiveTensorBoard
 from deploy.run.run import Run, RunSettings
 from deploy.run.signals import tearing_down
 from deploy.run.stopping import Stopper
@@ -37,6 +38,7 @@ class Watch:
         self.ending = False          # the chief finished: the others are being stopped
         self.quiet: set[str] = set()  # hosts whose follower ended with all their tasks
         self.lost: set[str] = set()   # hosts given up on (no heartbeat)
+        self.tensorboard = LiveTensorBoard(run)
 
     def follow(self) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
@@ -54,6 +56,7 @@ class Watch:
                     event = self.followers.next(timeout=0.25)
                     if event is not None:
                         self.handle(event)
+                    self.tensorboard.tick()
                     run.reporter.refresh()
         except KeyboardInterrupt:
             if run.interrupt_stops:
@@ -64,6 +67,7 @@ class Watch:
             raise
         finally:
             self.followers.close()
+            self.tensorboard.close()
 
     def watch_heartbeats(self) -> None:
         """A host whose agent has said nothing for lost_after seconds (every agent beats each

@@ -10,13 +10,16 @@
     loss.png             every task's loss per epoch (console/plot.py; `inv plot` redraws it)
     artifacts/           the chief's TFDEPLOY_OUTPUT_DIR, fetched at the end
     tensorboard          -> artifacts/tensorboard: the chief's TensorBoard logs, where the
-                         payload writes them (TFDEPLOY_OUTPUT_DIR/tensorboard)
+                         payload writes them (TFDEPLOY_OUTPUT_DIR/tensorboard); while the run
+                         is followed, a copy kept up after each epoch (livetensorboard.py)
+    .tensorboard-*/      one fetch of those logs' new bytes, unpacked before they are added
 
 All of it private to the user (private_umask).
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from deploy.errors import BadInput
@@ -39,11 +42,15 @@ def task_log(local_dir: Path, name: str) -> Path:
 
 def link_tensorboard(local_dir: Path) -> Path | None:
     """runs/<id>/tensorboard, a link to the TensorBoard logs among the fetched artifacts (the
-    chief's output is fetched once, not twice); None when the payload wrote none."""
+    chief's output is fetched once, not twice) in place of the copy kept while the run was
+    followed (run/livetensorboard.py), which they hold whole; that copy when they are not
+    there (the fetch failed); None when the payload wrote none."""
     logs = local_dir / ARTIFACTS / TENSORBOARD
     link = local_dir / TENSORBOARD
     if not logs.is_dir():
-        return None
+        return link if link.is_dir() and not link.is_symlink() else None
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
     if not link.is_symlink() and not link.exists():
         link.symlink_to(Path(ARTIFACTS) / TENSORBOARD, target_is_directory=True)
     return link

@@ -202,12 +202,12 @@ class TaskProgress:
 
     @property
     def eta_seconds(self) -> float | None:
-        """Seconds until the last epoch ends, from the recent epochs' mean duration. The first
-        epoch is left out once others exist: it includes tracing the model and joining the
-        cluster, which later epochs do not pay."""
-        if not self.epochs_total or self.epoch is None or not self.epoch_seconds:
+        """Seconds until the last epoch ends, from the recent epochs' mean duration, measured
+        from the first epoch's end: the first epoch includes tracing the model and joining the
+        cluster, which later epochs do not pay, so there is no estimate until a second one."""
+        recent = self.epoch_seconds[1:][-5:]
+        if not self.epochs_total or self.epoch is None or not recent:
             return None
-        recent = self.epoch_seconds[1:][-5:] or self.epoch_seconds
         return max(0, self.epochs_total - self.epoch) * sum(recent) / len(recent)
 
 

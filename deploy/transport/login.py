@@ -25,6 +25,10 @@ from deploy.inventory.model import Host
 from deploy.inventory.sshconfig import Hop
 from deploy.transport import hostkeys, proxy
 from deploy.transport.base import LoginFailed
+from deploy.transport.certificates import Certificate, certified_key, refusal
+
+# The key files ssh and paramiko try where none is configured.
+DEFAULT_KEYS = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
 
 
 class GcmFirstTransport(paramiko.Transport):
@@ -86,9 +90,14 @@ class HostLogin:
         # Key files that do not exist are skipped, as `ssh` skips them. As in ssh, ~/.ssh/id_*
         # are tried only where no key file is configured, and IdentitiesOnly leaves out the
         # agent (whose keys would be the configured files' anyway).
-        kwargs: dict = {"key_filename": [k for k in map(os.path.expanduser, hop.identity_files)
-                                         if os.path.exists(k)],
-                        "look_for_keys": not (hop.identity_files or hop.identities_only),
+        key_files = [k for k in map(os.path.expanduser, hop.identity_files) if os.path.exists(k)]
+        look_for_keys = not (hop.identity_files or hop.identities_only)
+        # A CertificateFile is offered with the key it certifies, first, as ssh offers it.
+        certified, certificates = certified_key(
+            hop.certificate_files, key_files or [
+                k for k in map(os.path.expanduser, DEFAULT_KEYS) if os.path.exists(k)])
+        kwargs: dict = {"key_filename": key_files,
+                        "look_for_keys": look_for_keys,
                         "allow_agent": not hop.identities_only and (
                             hop.identity_agent or "").lower() != "none",
                         "transport_factory": _preferring(check.key_types()),
@@ -97,6 +106,8 @@ class HostLogin:
                         "timeout": hop.connect_timeout or self.timeout or None}
         if sock is not None:
             kwargs["sock"] = sock
+        if certified is not None:
+            kwargs["pkey"] = certified
         # The ssh config was read when the inventory was loaded; Fabric reads none (an empty
         # SSHConfig) and makes no gateway of its own, whose host key it would add unasked.
         login = Connection(host=hop.hostname, user=hop.user, port=hop.port, gateway=False,
@@ -108,7 +119,12 @@ class HostLogin:
             # to the client as the agent it would otherwise make itself.
             login.client._agent = _agent_at(hop.identity_agent, where)
         try:
-            _connect(login, hop, where)
+            _connect(login, hop, where, certificates)
+        except LoginFailed as exc:
+            login.close()
+            said = sock.said() if isinstance(sock, proxy.DrainedProxyCommand) else ""
+            raise LoginFailed(f"{exc} (the ProxyCommand said: {said})" if said else str(exc)
+                              ) from None
         except BaseException:
             login.close()
             raise
@@ -223,7 +239,8 @@ def _agent_at(path: str, where: str) -> paramiko.Agent:
     return agent
 
 
-def _connect(login: Connection, hop: Hop, where: str) -> None:
+def _connect(login: Connection, hop: Hop, where: str,
+             certificates: list[Certificate]) -> None:
     try:
         login.open()
     except hostkeys.HostKeyRefused as exc:
@@ -231,8 +248,9 @@ def _connect(login: Connection, hop: Hop, where: str) -> None:
     except paramiko.ProxyCommandFailure as exc:
         raise LoginFailed(f"{where}: the ProxyCommand failed: {exc}") from None
     except paramiko.AuthenticationException as exc:
+        why = refusal(certificates, login.user)
         raise LoginFailed(f"{where}: SSH authentication failed as {login.user!r}"
-                          f"{_keys_tried(hop)}: {exc}") from None
+                          f"{_keys_tried(hop)}: {why or exc}") from None
     except (socket.timeout, TimeoutError):
         raise LoginFailed(f"{where}: no answer on port {hop.port} "
                           f"(timed out) — host down or firewalled?") from None
@@ -260,9 +278,16 @@ def _scan_from(hops: list[Hop]) -> str:
 
 
 def _keys_tried(hop: Hop) -> str:
-    """Which identity files were offered, and which were missing (then the agent's keys)."""
+    """Which identity files and certificates were offered, and which were missing (then the
+    agent's keys)."""
+    certificates = ""
+    if hop.certificate_files:
+        missing = [c for c in hop.certificate_files if not os.path.exists(os.path.expanduser(c))]
+        certificates = (f"; certificates {', '.join(hop.certificate_files)}"
+                        + (f" (missing: {', '.join(missing)})" if missing else ""))
     if not hop.identity_files:
-        return " (no identity_file; tried ssh-agent and ~/.ssh/id_*)"
+        return f" (no identity_file; tried ssh-agent and ~/.ssh/id_*{certificates})"
     missing = [k for k in hop.identity_files if not os.path.exists(os.path.expanduser(k))]
     return (f" (key files {', '.join(hop.identity_files)}"
-            + (f"; missing: {', '.join(missing)}" if missing else "") + "; then ssh-agent)")
+            + (f"; missing: {', '.join(missing)}" if missing else "") + certificates
+            + "; then ssh-agent)")

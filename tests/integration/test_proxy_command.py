@@ -92,3 +92,42 @@ def test_a_key_known_only_under_its_host_key_alias(tmp_path):
         assert f"HOST KEY CHANGED for alias-two: {known}:2 has SHA256:" in out, out
         assert "the server offers ssh-ed25519 SHA256:" in out
         assert known.read_bytes() == before
+
+
+def test_a_chatty_proxycommand_does_not_stall_and_a_failing_one_is_heard(ssh_lab, tmp_path):
+    """A ProxyCommand that writes 250 KB of diagnostics to stderr before relaying (more than
+    a pipe holds: unread, it would block there and the login would time out) logs in; one
+    that fails says why, and the error shows its last words."""
+    host = ssh_lab.hosts[0]
+    home = empty_home(tmp_path)
+    chatty, failing = tmp_path / "chatty-proxy", tmp_path / "failing-proxy"
+    chatty.write_text(
+        "#!/bin/sh\n"
+        "i=0; while [ $i -lt 2500 ]; do echo \"debug1: chatty proxy line $i $(printf "
+        "'%080d' 0)\" >&2; i=$((i+1)); done\n"
+        f"exec {sys.executable} {RELAY} {tmp_path / 'relayed.log'} {RELAY_SOURCE} \"$@\"\n")
+    failing.write_text("#!/bin/sh\necho 'connecting to the bastion' >&2\n"
+                       "echo 'bastion: access denied by policy \x1b[31m(code 7)' >&2\nexit 1\n")
+    for script in (chatty, failing):
+        script.chmod(0o755)
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host chatty failing\n    HostName {host.address}\n    Port {host.port}\n"
+        f"    User {ssh_lab.user}\n    IdentityFile {ssh_lab.identity_file}\n"
+        f"    UserKnownHostsFile {ssh_lab.known_hosts}\n"
+        f"Host chatty\n    ProxyCommand {chatty} %h %p\n"
+        f"Host failing\n    ProxyCommand {failing} %h %p\n")
+
+    def inventory(alias):
+        return write_yaml(tmp_path / f"{alias}.yaml", {
+            "defaults": {"python": sys.executable, "ssh_config": str(config)},
+            "hosts": [{"name": alias, "address": alias, "workdir": str(host.workdir)}]})
+
+    done = inv("check", "--hosts", str(inventory("chatty")), "--connect-timeout", "20",
+               home=home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    refused = inv("check", "--hosts", str(inventory("failing")), home=home)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    out = " ".join(refused.stdout.split())
+    assert ("(the ProxyCommand said: connecting to the bastion | bastion: access denied by "
+            "policy \\x1b[31m(code 7))") in out, out

@@ -7,8 +7,10 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,6 +154,63 @@ def finish(controller: subprocess.Popen) -> str:
         return controller.communicate(timeout=180)[0]
     finally:
         end(controller)
+
+
+def take_port(port: int, timeout: float = 10) -> socket.socket:
+    """Listen on `port` on every interface, as soon as the killed task has let go of it: the
+    other program that takes a port between a task's end and its relaunch."""
+    deadline = time.monotonic() + timeout
+    while True:
+        taker = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        taker.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taker.bind(("::", port))
+            taker.listen()
+            return taker
+        except OSError:
+            taker.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def test_a_worker_whose_port_was_taken_meanwhile_is_not_relaunched_in_place(ps_setup,
+                                                                               tmp_path):
+    """Its peers know it by its port: the controller probes that port before an in-place
+    relaunch, and a port taken since is said, not tried (training goes on with the other
+    workers, and the relaunch is not spent)."""
+    inventory, hosts, payload, checkpoints = ps_setup
+    runs = tmp_path / "runs"
+    controller = start(inventory, runs, payload, checkpoints, "--restarts", "1")
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(controller.stdout), daemon=True)
+    taker = None
+    try:
+        run_dir = wait_for(lambda: held_run(runs), controller)
+        record = json.loads((run_dir / "record.json").read_text())
+        port = next(t["port"] for t in record["tasks"] if t["name"] == "worker-1")
+        reader.start()
+        kill_task(hosts[1], run_dir.name, "worker-1")
+        taker = take_port(port)
+        deadline = time.monotonic() + 60
+        while not any("is not relaunched" in line for line in said):
+            assert time.monotonic() < deadline and controller.poll() is None, "".join(said)
+            time.sleep(0.2)
+        checkpoints.joinpath("go").touch()
+        controller.wait(timeout=180)
+    finally:
+        end(controller)
+        reader.join(5)
+        if taker is not None:
+            taker.close()
+    out = " ".join("".join(said).split())
+    assert controller.returncode == 0, out
+    assert (f"worker-1 is not relaunched: its port {port} on h2 was taken by another program"
+            in out), out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tasks"][2]["relaunches"] == 0 and summary["tasks"][0]["epochs"] == 4
+    assert wait_until_gone(run_dir.name, timeout=5) == []
 
 
 def test_a_ps_killed_mid_run_fails_the_run_and_every_task_goes(ps_setup, tmp_path):

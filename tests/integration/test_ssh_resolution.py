@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -58,20 +59,40 @@ def tokens(options: dict, original: str) -> dict[str, str]:
             "C": hashlib.sha1(f"{local}{host}{port}{user}".encode()).hexdigest()}
 
 
+def files_as_written(config: Path, keyword: str, printed: str,
+                     expand_word) -> list[str]:
+    """A known_hosts keyword's files. `ssh -G` prints them joined by spaces and unquoted, so
+    a file whose name has a space is read here from the config's own words (shlex, as ssh
+    splits a line): the line whose words, expanded, are what ssh printed."""
+    if printed == "none":
+        return []
+    for line in config.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if words and words[0].lower() == keyword and \
+                " ".join(map(expand_word, words[1:])) == printed:
+            return [expand(word, {}) for word in map(expand_word, words[1:])]
+    return [expand(word, {}) for word in printed.split()]
+
+
 def expected(config: Path, host: str, user: str | None, port: int | None,
              defaults: list[str]) -> dict:
     options = ssh_g(config, host, user, port)
     values = tokens(options, host)
     identities = options.get("identityfile", [])
-    known = options["userknownhostsfile"][0]
     proxy = options.get("proxycommand", [None])[0]
+    # The user's files come expanded (~ and tokens); the global ones as written, and ssh
+    # expands their ~ when it reads them.
+    known = files_as_written(config, "userknownhostsfile", options["userknownhostsfile"][0],
+                             lambda word: expand(word, values))
+    global_known = files_as_written(config, "globalknownhostsfile",
+                                    options["globalknownhostsfile"][0], lambda word: word)
     return {
         "hostname": options["hostname"][0], "user": options["user"][0],
         "port": int(options["port"][0]),
         "identity_files": [] if identities == defaults else [expand(f, values)
                                                              for f in identities],
         "identities_only": options["identitiesonly"][0] == "yes",
-        "known_hosts": [] if known == "none" else known.split(),
+        "known_hosts": known, "global_known_hosts": global_known,
         "host_key_alias": options.get("hostkeyalias", [None])[0],
         "jump": jump_chain(config, options.get("proxyjump", [None])[0]),
         "proxy_command": None if proxy in (None, "none") or "proxyjump" in options
@@ -89,11 +110,14 @@ def jump_chain(config: Path, spec: str | None, depth: int = 0) -> list[str]:
         return []
     chain = []
     for i, part in enumerate(spec.split(",")):
-        match = re.fullmatch(r"(?:(?P<u>[^@]+)@)?(?P<h>[^:@]+)(?::(?P<p>\d+))?", part)
-        hop = ssh_g(config, match["h"], match["u"], int(match["p"]) if match["p"] else None)
+        # ssh's hpdelim: brackets may hold any host (an IPv6 address, an IPv4 one, a name).
+        match = re.fullmatch(r"(?:(?P<u>[^@]+)@)?(?:\[(?P<b>[^\]]+)\]|(?P<h>[^:@]+))"
+                             r"(?::(?P<p>\d+))?", part)
+        name = match["b"] or match["h"]
+        hop = ssh_g(config, name, match["u"], int(match["p"]) if match["p"] else None)
         own = hop.get("proxyjump", [None])[0]
         if i == 0 and own and own.split(",")[0].split("@")[-1].split(":")[0] not in (
-                match["h"], hop["hostname"][0]):
+                name, hop["hostname"][0]):
             chain += jump_chain(config, own, depth + 1)
         chain.append(f"{hop['user'][0]}@{hop['hostname'][0]}:{hop['port'][0]}")
     return chain

@@ -130,6 +130,8 @@ def test_the_live_view_on_a_terminal_leaves_events_to_its_table():
 
 
 def test_progress_reports_speed_eta_and_validation_losses():
+    # The first epoch pays the cluster's start-up: no estimate from it alone.
+    assert task_with([EVENTS[0], epoch(1, 2.0, seconds=4.0)]).eta_seconds is None
     task = task_with([EVENTS[0], epoch(1, 2.0, seconds=4.0), epoch(2, 1.0, val_loss=1.5),
                       epoch(3, 0.5, seconds=1.0, val_loss=0.75, accuracy=0.9)])
     assert (task.epochs_total, task.steps_per_epoch, task.epoch) == (30, 30, 3)

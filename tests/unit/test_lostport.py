@@ -36,3 +36,29 @@ def test_other_failures_are_not_a_lost_port():
     assert lost_port(ended_with(["crashing on purpose"]), planned=23456) is None
     assert lost_port(ended_with(["ValueError: port must be 0-65535"]), planned=1) is None
     assert lost_port(TaskProgress(0, "h1"), planned=23456) is None
+
+
+def test_a_port_another_program_listens_on_is_not_free_and_one_left_in_time_wait_is():
+    """What an in-place relaunch asks first (host/probe.py ports_free): a listener holds its
+    port; a port whose last connection closed (TIME_WAIT, as a killed task's) is free, as it
+    is for gRPC, which binds with SO_REUSEADDR."""
+    import socket
+    from deploy.host.probe import any_address_socket, ports_free
+    listener, anywhere = any_address_socket()
+    listener.bind((anywhere, 0))
+    listener.listen()
+    held = listener.getsockname()[1]
+    spare, _ = any_address_socket()
+    spare.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    spare.bind((anywhere, 0))
+    spare.listen()
+    ended = spare.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", ended))
+    accepted, _ = spare.accept()
+    accepted.close()                  # this side closes first: its end waits in TIME_WAIT
+    client.close()
+    spare.close()
+    try:
+        assert ports_free((held, ended)) == [ended]
+    finally:
+        listener.close()

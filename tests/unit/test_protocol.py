@@ -19,9 +19,9 @@ from deploy.host.protocol import (
     REQUESTS, Beat, CleanupRequest, Connect, CreditRequest, DataPushRequest,
     DataReceiveRequest, EnvBuildRequest, EnvStatus, EnvStatusRequest, FollowRequest, Freed,
     HostRequest, LaunchRequest, Launched, MeshCloseRequest, MeshDialRequest, MeshDialed,
-    MeshListenRequest, MeshListening, MeshResult, PollRequest, PortsRequest, Probe,
-    ProbeRequest, ProtocolError, PruneRequest, Pruned, PushRequest, Pushed, ReceiveRequest,
-    ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TarOutRequest, TaskStatus, Tasks,
+    MeshListenRequest, MeshListening, MeshResult, PollRequest, PortsFreeRequest, PortsRequest,
+    Probe, ProbeRequest, ProtocolError, PruneRequest, Pruned, PushRequest, Pushed, ReceiveRequest,
+    ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TailRequest, TarOutRequest, TaskStatus, Tasks,
     Unpacked, decode_request, error_of
 )
 from deploy.inventory.model import Host
@@ -287,7 +287,7 @@ def test_an_archive_body_goes_to_its_file_in_pieces_never_whole():
 # One request of each verb, as the planner makes them (paths on the host are HostPaths).
 SAMPLES = [
     ProbeRequest(HostPath("~/w"), 3, HostPath("~/data"), "e" * 64),
-    PortsRequest(2),
+    PortsRequest(2), PortsFreeRequest((20001, 20002)),
     MeshListenRequest("a", "n0", 2.0, 0.5, {"20001": 2}, (("10.0.0.2", 20002, "b"),), 30.0),
     MeshDialRequest(), MeshCloseRequest(),
     PushRequest(HostPath("~/w/runs/r1"), HostPath("~/w/cache"), "a", "0,1"),
@@ -301,6 +301,7 @@ SAMPLES = [
     CreditRequest(7),
     StopRequest("/w/runs/r1", 2.5), CleanupRequest("/w/runs/r1", 1.0, "a"),
     TarOutRequest("/w/runs/r1/output", 1 << 30, 10000),
+    TailRequest(HostPath("~/w/runs/r1/output/tensorboard"), {"train/events.1": 10}, 1 << 26, 100),
     ReplaceBackupRequest("/w/runs/r1", 1 << 30, 10000),
     PruneRequest(HostPath("~/w"), "a", 7.0, True),
     EnvStatusRequest(HostPath("~/w/runs/setup-1-a")),

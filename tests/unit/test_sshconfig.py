@@ -4,6 +4,7 @@ cluster address, labels, the same-machine check, the lints, the run record)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -201,9 +202,41 @@ def test_config_problems_name_the_host_and_field(tmp_path, config, field, words)
     ("admin@gw.example:2222", [("admin", "gw.example", 2222)]),
     ("ssh://admin@gw:22", [("admin", "gw", 22)]),
     ("[fd00::1]:2200,ops@gw2", [(None, "fd00::1", 2200), ("ops", "gw2", None)]),
+    # Brackets hold any host, as ssh reads them.
+    ("ops@[10.20.0.1]:2200", [("ops", "10.20.0.1", 2200)]),
+    ("[gw.lab]:2201", [(None, "gw.lab", 2201)]),
 ])
 def test_gateway_specs(spec, hops):
     assert parse_hops(spec) == hops
+
+
+def test_a_bracketed_gateway_name_is_checked_as_any_name():
+    with pytest.raises(SshConfigError, match="metacharacter"):
+        parse_hops("[gw;id]:22")
+
+
+@pytest.mark.parametrize("printed, files", [
+    ("/root/Library/Application Support/ssh/known_hosts /root/.ssh/kh2",
+     ("/root/Library/Application Support/ssh/known_hosts", "/root/.ssh/kh2")),
+    ("~/global_known /etc/ssh/with space/known", ("~/global_known", "/etc/ssh/with space/known")),
+    ("/etc/a /etc/b", ("/etc/a", "/etc/b")),
+    ("none", ()),
+])
+def test_known_hosts_files_as_ssh_g_prints_them(printed, files):
+    """`ssh -G` joins the files with spaces, unquoted: a word that starts a file starts with /
+    or ~, any other goes on the file before it."""
+    assert openssh._file_list({"userknownhostsfile": [printed]}, "userknownhostsfile") == files
+
+
+def test_tilde_as_ssh_expands_it(monkeypatch):
+    import pwd
+    monkeypatch.setenv("HOME", "/nowhere")          # ssh reads the password database
+    own = pwd.getpwuid(os.getuid()).pw_dir
+    assert openssh.expand_tilde("~/kh") == own.rstrip("/") + "/kh"
+    assert openssh.expand_tilde("~") == own
+    assert openssh.expand_tilde("~root/kh") == pwd.getpwnam("root").pw_dir.rstrip("/") + "/kh"
+    assert openssh.expand_tilde("~no-such-user-here/kh") == "~no-such-user-here/kh"
+    assert openssh.expand_tilde("/etc/kh~") == "/etc/kh~"
 
 
 @pytest.mark.parametrize("spec", ["", "a@", ":22", "gw:0", "gw:x", "a@b@c", "gw,", "g w"])
