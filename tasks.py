@@ -215,6 +215,8 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
               "id and the commands to follow (inv logs), inspect (inv status), stop (inv down)",
     "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
                 "the chief's BackupAndRestore state, up to N times (default: 0)",
+    "allow_busy_gpus": "run on GPUs another run or user holds (by default a busy GPU listed in "
+                       "`gpus`, or too few free ones, refuses the run)",
     "verbose": VERBOSE_HELP,
     "max_fetch": MAX_FETCH_HELP,
     "json": JSON_HELP,
@@ -222,7 +224,7 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
           start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False,
-          lost_after="10", max_fetch="", json=False):
+          lost_after="10", max_fetch="", json=False, allow_busy_gpus=False):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -243,7 +245,8 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                check=not no_check,
                                restarts=count("--restarts", restarts, MAX_RESTARTS),
                                detach=detach, verbose=verbose,
-                               fetch_limits=fetch_limits("--max-fetch", max_fetch))
+                               fetch_limits=fetch_limits("--max-fetch", max_fetch),
+                               allow_busy_gpus=allow_busy_gpus)
         if detach and settings.restarts:
             raise BadInput("--restarts needs the controller that relaunches the run: it "
                            "cannot be combined with --detach")

@@ -119,6 +119,8 @@ class HostAgent:
         self.sending = threading.Lock()       # one frame at a time on the channel
         self.table = threading.Lock()         # the replies awaited
         self.lost = ""                        # why the channel ended, once it has
+        # The host's GPUs as its beats last sampled them: index -> (utilisation %, MiB used).
+        self.gpu_sample: dict[str, tuple[int | None, int | None]] = {}
         self._start()
 
     def _start(self) -> None:
@@ -243,7 +245,9 @@ class HostAgent:
                 number = doc.pop("id", None)
                 del doc["body"]          # answers carry none in memory (answer_bounds)
                 if number is None:
-                    Beat.decode(doc)
+                    beat = Beat.decode(doc)
+                    if beat.gpus:
+                        self.gpu_sample = beat.gpus
                     continue
                 with self.table:
                     reply = replies.get(number)

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from deploy.console.plain import plain
 from deploy.host.probe import PACKAGES
-from deploy.plan.checks import CheckReport, rows
+from deploy.plan.checks import CheckReport, gpu_lines, rows
 
 
 def report_view(report: CheckReport) -> Group:
@@ -28,6 +28,10 @@ def report_view(report: CheckReport) -> Group:
         # The hosts' answers (versions, addresses) as plain text, never as markup.
         table.add_row(*(c if isinstance(c, Text) else Text(plain(str(c))) for c in cells))
     lines: list = [table]
+    gpus = gpu_lines(report)
+    if gpus:
+        lines += [Text("GPUs", style="bold")] + [
+            Text(plain(line), style="yellow" if "busy:" in line else None) for line in gpus]
     if report.problems:
         lines.append(Text("cluster: " + ", ".join(f"#{numbers[p]}" for p in report.problems),
                           style="bold red"))

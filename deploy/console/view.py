@@ -96,16 +96,32 @@ def metrics_text(task: TaskProgress) -> Text:
                                 if k != "loss")))
 
 
+def gpu_text(task: TaskProgress, peak: bool = False) -> str:
+    """`1  87%  20480 MiB`: the task's GPU and, as last sampled, its utilisation and memory
+    (or the peak of its memory: the summary's)."""
+    if task.gpu is None:
+        return ""
+    if peak:
+        return task.gpu + ("" if task.gpu_memory_peak is None else
+                           f"  peak {task.gpu_memory_peak} MiB")
+    use = "" if task.gpu_utilization is None else f"  {task.gpu_utilization}%"
+    memory = "" if task.gpu_memory is None else f"  {task.gpu_memory} MiB"
+    return task.gpu + use + memory
+
+
 def status_table(tasks: list[TaskProgress], title: str) -> Table:
-    """One row per task: where it runs, its state, how far training is and how it goes."""
+    """One row per task: where it runs, its state, how far training is and how it goes; its
+    GPU where it has one."""
     table = Table(title=title, title_justify="left", expand=False)
-    for column in ("task", "host", "pid", "state", "epoch", "loss", "metrics", "steps/s",
-                   "ETA", "loss curve"):
+    gpus = any(t.gpu is not None for t in tasks)
+    for column in ("task", "host", "pid", "state", *(("GPU",) if gpus else ()), "epoch",
+                   "loss", "metrics", "steps/s", "ETA", "loss curve"):
         table.add_column(column, no_wrap=column in ("task", "epoch", "loss", "loss curve"))
     for t in tasks:
         speed = t.steps_per_second
         table.add_row(Text(t.name, style=task_style(t.index)), t.host,
-                      Text(plain(str(t.pid or ""))), state_text(t), epoch_of(t),
+                      Text(plain(str(t.pid or ""))), state_text(t),
+                      *((gpu_text(t),) if gpus else ()), epoch_of(t),
                       "" if t.loss is None else number(t.loss), metrics_text(t),
                       "" if speed is None else f"{speed:.1f}",
                       duration_text(t.eta_seconds) if t.state == "running" else "",
@@ -201,12 +217,15 @@ def summary_table(tasks: list[TaskProgress], wall_time: float | None = None) -> 
         caption = f"wall time {wall_time:.1f} s   " + caption
     table = Table(title="summary", title_justify="left", caption=caption,
                   caption_justify="left")
-    for column in ("task", "host", "exit", "duration", "epochs", "final loss", "metrics"):
+    gpus = any(t.gpu is not None for t in tasks)
+    for column in ("task", "host", "exit", "duration", *(("GPU",) if gpus else ()), "epochs",
+                   "final loss", "metrics"):
         table.add_column(column, no_wrap=column != "metrics")
     for t in tasks:
         duration = "" if t.duration is None else f"{t.duration:.1f} s"
         table.add_row(Text(t.name, style=task_style(t.index)), t.host, state_text(t), duration,
-                      epoch_of(t), "" if t.loss is None else number(t.loss), metrics_text(t))
+                      *((gpu_text(t, peak=True),) if gpus else ()), epoch_of(t),
+                      "" if t.loss is None else number(t.loss), metrics_text(t))
     return table
 
 

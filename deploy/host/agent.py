@@ -14,6 +14,7 @@ stdin ends (the controller is gone) the agent ends; the tasks it started run in 
 their own and go on.
 """
 import io
+import itertools
 import json
 import os
 import queue
@@ -23,20 +24,24 @@ import sys
 import threading
 import time
 
-from deploy.host import archive, cache, datatree, envkey, probe, prune, tasks, teardown, venv
+from deploy.host import (
+    archive, cache, datatree, envkey, gpus, probe, prune, tasks, teardown, venv
+)
 from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, checked_task_key, in_run
 from deploy.host.protocol import (
     CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
-    EnvStatusRequest, FollowRequest, HostError, LaunchRequest, MeshCloseRequest,
-    MeshDialRequest, MeshListenRequest, PollRequest, PortsFreeRequest, PortsRequest,
-    ProbeRequest, PruneRequest, PushRequest, ReceiveRequest, ReplaceBackupRequest, StopRequest,
-    TailRequest, TarOutRequest, decode_request
+    EnvStatusRequest, FollowRequest, GpuPlaceRequest, GpuReleaseRequest, HostError,
+    LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest, PollRequest,
+    PortsFreeRequest, PortsRequest, ProbeRequest, PruneRequest, PushRequest, ReceiveRequest,
+    ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest, decode_request
 )
 from deploy.host.rundir import run_id_of
 from deploy.host.stage import StageError, unpack_stage
 
 BEAT = 1.0
+# Every this many beats, the GPUs of a host running GPU tasks are sampled (nvidia-smi).
+GPU_SAMPLE_BEATS = 5
 # Follow frames sent ahead of the controller's credits: a controller that falls behind stops
 # the follow here, and the logs wait on this host's disk, not in the controller's memory.
 WINDOW = 4
@@ -62,9 +67,14 @@ class Channel:
             os._exit(0)
 
 
-def beat(channel):
-    while True:
-        channel.send({"beat": time.time()})
+def beat(channel, agent):
+    """A beat every BEAT seconds; once the agent has started a task on a GPU, every
+    GPU_SAMPLE_BEATS beats carry each GPU's utilisation and memory (the live view's)."""
+    for count in itertools.count():
+        doc = {"beat": time.time()}
+        if agent.gpu_tasks and count % GPU_SAMPLE_BEATS == 0:
+            doc["gpus"] = gpus.sample()
+        channel.send(doc)
         time.sleep(BEAT)
 
 
@@ -87,6 +97,7 @@ class Agent:
     def __init__(self, channel):
         self.channel, self.follows = channel, {}
         self.mesh_lines, self.mesh_asking = queue.Queue(), None
+        self.gpu_tasks = False           # a task it started has GPUs: its beats sample them
 
 
 def yield_to_tasks():
@@ -115,8 +126,12 @@ def probe_host(call):
         if done.returncode:
             raise HostError("%s: %s" % (env_python, done.stderr.decode("utf-8", "replace")
                                         .strip().splitlines()[-1:] or done.returncode))
-        return json.loads(done.stdout)
-    return probe.probe(request.workdir, request.ports, request.data_dir)
+        answer = json.loads(done.stdout)
+    else:
+        answer = probe.probe(request.workdir, request.ports, request.data_dir)
+    found = gpus.query()
+    answer.update(gpus=found["gpus"], gpu_note=found["note"])
+    return answer
 
 
 def ports(call):
@@ -186,9 +201,32 @@ def pushing(what, call, cache_dir, work):
 
 
 def launch(call):
+    request, env = call.request, dict(call.env)
+    if request.nccl_address and "NCCL_SOCKET_IFNAME" not in env and \
+            "NCCL_SOCKET_IFNAME" not in os.environ:
+        # NCCL picks an interface of its own otherwise, often one the other hosts cannot
+        # reach: the one that carries the cluster address is the one the tasks meet on.
+        interface = gpus.interface_of(request.nccl_address)
+        if interface:
+            env["NCCL_SOCKET_IFNAME"] = interface
+    started = tasks.launch(request.rundir, checked_task_key(request.task), request.cwd,
+                           list(request.argv), request.requirements, env)
+    if "CUDA_VISIBLE_DEVICES" in env:
+        gpus.hold(run_id_of(request.rundir), [started["pid"]])
+        call.agent.gpu_tasks = True
+    return started
+
+
+def gpu_place(call):
     request = call.request
-    return tasks.launch(request.rundir, checked_task_key(request.task), request.cwd,
-                        list(request.argv), request.requirements, dict(call.env))
+    want = list(request.indices) if request.indices is not None else (
+        request.count if request.count is not None else "free")
+    return gpus.place(want, request.run_id, request.allow_busy, [os.getpid()])
+
+
+def gpu_release(call):
+    gpus.release(call.request.run_id)
+    return {}
 
 
 def offsets(request):
@@ -231,7 +269,11 @@ def ending(call):
         return {"signalled": {}, "survivors": [], "absent": True}
     if isinstance(request, StopRequest):
         return teardown.stop(request.rundir, request.grace)
-    return teardown.cleanup(request.rundir, request.grace, request.host)
+    run_id = run_id_of(request.rundir)
+    done = teardown.cleanup(request.rundir, request.grace, request.host)
+    if not done["survivors"]:
+        gpus.release(run_id)                         # the run's GPUs are free again
+    return done
 
 
 def tar_out(call):
@@ -288,6 +330,7 @@ HANDLERS = {
     LaunchRequest: launch, PollRequest: poll, FollowRequest: follow, CreditRequest: credit,
     StopRequest: ending, CleanupRequest: ending,
     TarOutRequest: tar_out, TailRequest: tail, ReplaceBackupRequest: replace_backup,
+    GpuPlaceRequest: gpu_place, GpuReleaseRequest: gpu_release,
     PruneRequest: pruning,
     EnvStatusRequest: env_status, EnvBuildRequest: env_build,
 }
@@ -318,8 +361,8 @@ def serve(stdin, stdout):
     # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
     os.umask(0o077)
     channel = Channel(stdout)
-    threading.Thread(target=beat, args=(channel,), daemon=True).start()
     agent = Agent(channel)
+    threading.Thread(target=beat, args=(channel, agent), daemon=True).start()
     while True:
         try:
             frame = read_frame(stdin)

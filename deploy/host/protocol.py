@@ -32,6 +32,9 @@ FINAL_STATES = ("exited", "lost")
 # task: with the few frames a follow may send ahead (agent.py WINDOW), what a flood of logs
 # holds in the controller's memory at once.
 LOG_CHUNK = 1 << 18
+# What a host may list of its GPUs, and of the processes on each.
+MAX_GPUS = 64
+MAX_GPU_PROCESSES = 256
 # Characters of a value quoted in an error: enough to recognise it.
 QUOTED = 80
 
@@ -189,12 +192,23 @@ class Done(Answer):
 
 @dataclass(frozen=True)
 class Beat(Answer):
-    """{"beat": time}: the agent is there (every second)."""
+    """{"beat": time}: the agent is there (every second); on a host running GPU tasks, now
+    and then each GPU's [utilisation %, memory in use MiB] by index (`gpus`)."""
     time: float
+    gpus: Mapping[str, Tuple[Optional[int], Optional[int]]] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, doc, verb="beat"):
-        return cls(Fields(doc, verb).number("beat"))
+        fields = Fields(doc, verb)
+        sample = fields.object("gpus", required=False)
+        gpus = {}
+        for index, pair in list(sample.items() if sample else ())[:MAX_GPUS]:
+            values = _list_of(lambda f, k, v: None if v is None else _integer(f, k, v))(
+                sample, index, pair)
+            if len(values) != 2:
+                raise sample.fail(index, "is not [utilisation, memory]")
+            gpus[index] = tuple(values)
+        return cls(fields.number("beat"), gpus)
 
 
 def error_of(doc, verb):
@@ -302,6 +316,49 @@ class Ports(Answer):
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU, as nvidia-smi lists it, with its user (from /proc)."""
+    pid: int
+    user: Optional[str]
+    used_memory: Optional[int]          # MiB
+    name: str
+
+    @classmethod
+    def decode(cls, fields):
+        return cls(fields.int("pid"), fields.text("user", required=False),
+                   fields.int("used_memory", required=False), fields.text("name"))
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of a host (deploy/host/gpus.py query): memory in MiB, utilisation in %; None
+    where the board has no value ([N/A], [Not Supported])."""
+    index: int
+    uuid: str
+    name: str
+    memory_total: Optional[int]
+    memory_used: Optional[int]
+    utilization: Optional[int]
+    processes: Tuple[GpuProcess, ...] = ()
+
+    @classmethod
+    def decode(cls, fields):
+        processes = fields.get("processes", _list_of(lambda f, k, v: Fields(v, f.verb,
+                                                                          f.path(k))), ())
+        return cls(fields.int("index"), fields.text("uuid"), fields.text("name"),
+                   fields.int("memory_total", required=False),
+                   fields.int("memory_used", required=False),
+                   fields.int("utilization", required=False),
+                   tuple(GpuProcess.decode(p) for p in processes[:MAX_GPU_PROCESSES]))
+
+
+def _gpus(fields, key="gpus"):
+    found = fields.get(key, _list_of(lambda f, k, v: Fields(v, f.verb, f.path(k))), (),
+                       required=False)
+    return tuple(Gpu.decode(g) for g in found[:MAX_GPUS])
+
+
+@dataclass(frozen=True)
 class Probe(Answer):
     """What `inv check` learns of a host (deploy/host/probe.py probe)."""
     python: str
@@ -315,12 +372,15 @@ class Probe(Answer):
     workdir_problem: Optional[str] = None
     data_problem: Optional[str] = None
     externally_managed: bool = False       # PEP 668: pip install is refused for it
+    gpus: Tuple[Gpu, ...] = ()
+    gpu_note: Optional[str] = None         # why it has none ("nvidia-smi not found on ...")
 
     @classmethod
     def decode(cls, doc, verb):
         fields = Fields(doc, verb)
         return cls(python=fields.text("python"), executable=fields.text("executable"),
                    externally_managed=fields.flag("externally_managed"),
+                   gpus=_gpus(fields), gpu_note=fields.text("gpu_note", required=False),
                    versions=_versions(fields),
                    disk_path=fields.text("disk_path"), disk_free=fields.int("disk_free"),
                    writable=fields.flag("writable"), ports=Ports.decode(doc, verb).ports,
@@ -423,6 +483,18 @@ class Pushed(Answer):
 class Archived(Done):
     """`tar-out`: the folder as tar.gz, in the frame's body (on the controller: a file on
     disk, never memory; nothing when the folder does not exist)."""
+
+
+@dataclass(frozen=True)
+class GpuPlacement(Answer):
+    """`gpu-place`: the GPU indices the host's tasks get, leased for the run; or why not."""
+    indices: Tuple[int, ...] = ()
+    problem: Optional[str] = None
+
+    @classmethod
+    def decode(cls, doc, verb):
+        fields = Fields(doc, verb)
+        return cls(fields.ints("indices")[:MAX_GPUS], fields.text("problem", required=False))
 
 
 @dataclass(frozen=True)
@@ -761,6 +833,8 @@ class LaunchRequest(HostRequest):
     cwd: str
     argv: Tuple[str, ...]
     requirements: Optional[str] = None
+    # The host's cluster address: NCCL_SOCKET_IFNAME becomes its interface, unless set.
+    nccl_address: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -815,6 +889,25 @@ class TarOutRequest(HostRequest):
     folder: str
     max_bytes: int
     max_members: int
+
+
+@_registered("gpu-place", GpuPlacement)
+@dataclass(frozen=True)
+class GpuPlaceRequest(HostRequest):
+    """GPUs for the host's tasks, each leased for `run_id` (deploy/host/gpus.py place):
+    `indices` as listed, or `count` free ones, or (neither) every free one; busy ones refused
+    unless `allow_busy`."""
+    run_id: str
+    indices: Optional[Tuple[int, ...]] = None
+    count: Optional[int] = None
+    allow_busy: bool = False
+
+
+@_registered("gpu-release", Done)
+@dataclass(frozen=True)
+class GpuReleaseRequest(HostRequest):
+    """Let go of the run's GPU leases on this host (a run refused after some were taken)."""
+    run_id: str
 
 
 @_registered("tail", Tails)

@@ -6,6 +6,7 @@ error names the file, the host, the field and (where YAML gives it) the line.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import posixpath
 import re
@@ -25,6 +26,8 @@ from deploy.inventory.sshconfig import Hop, Route, SshConfigError, SshConfigs
 TRANSPORTS = ("ssh", "local")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A forward_env entry: a name, or a glob of one (NCCL_*, AWS_?_KEY).
+FORWARD_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CONTROLLER_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 # Variables the launcher owns; a host may not override them.
@@ -44,9 +47,9 @@ MAX_TASKS = 512
 
 HOST_FIELDS = {
     "name": str, "address": str, "transport": str, "port": int, "user": str,
-    "identity_file": str, "certificate_file": str, "known_hosts": str, "host_key_policy": str, "python": str,
-    "workdir": str, "cluster_address": str, "workers": int, "env": dict, "gpus": list,
-    "data": dict, "ssh_config": str, "jump": str, "role": str,
+    "identity_file": str, "certificate_file": str, "known_hosts": str, "host_key_policy": str,
+    "python": str, "workdir": str, "cluster_address": str, "workers": int, "env": dict,
+    "gpus": list, "forward_env": list, "data": dict, "ssh_config": str, "jump": str, "role": str,
 }
 ADDRESS_FIELDS = ("address", "cluster_address")
 DEFAULT_FIELDS = {k: v for k, v in HOST_FIELDS.items() if k not in ("name", "address")}
@@ -234,6 +237,8 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     gpus = _gpus(raw, fail)
     if isinstance(gpus, tuple):
         workers = len(gpus)
+    elif isinstance(gpus, int):
+        workers = gpus
     policy = raw.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
         raise fail("host_key_policy", f"must be one of {', '.join(HOST_KEY_POLICIES)}, not {policy!r}")
@@ -241,7 +246,7 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     problem = workdir_problem(workdir)
     if problem:
         raise fail("workdir", problem)
-    env = {}
+    env = _forwarded(raw.get("forward_env"), environ, lambda msg: fail("forward_env", msg))
     for key, value in (raw.get("env") or {}).items():
         env[key] = _env_value(key, value, environ, lambda msg, k=key: fail("env", f"{k}: {msg}"))
     if gpus is not None and "CUDA_VISIBLE_DEVICES" in env:
@@ -335,19 +340,29 @@ class Resolvers:
                      tuple(dataclasses.replace(hop, known_hosts=files) for hop in route.via))
 
 
-def _gpus(raw: dict, fail) -> tuple[int, ...] | str | None:
-    """`gpus: [0, 1]` (one task per GPU) or `gpus: all` (one task that sees every GPU)."""
+def _gpus(raw: dict, fail) -> tuple[int, ...] | str | int | None:
+    """`gpus: [0, 1]` (one task per listed GPU), `gpus: 2` (two free GPUs, one task each),
+    `gpus: free` (one task per free GPU) or `gpus: all` (one task that sees every GPU). Which
+    GPUs are free is the host's to say when the run starts (gpuplace.py)."""
     gpus = raw.get("gpus")
     if gpus is None:
         return None
-    if gpus == "all":
-        if raw.get("workers", 1) != 1:
-            raise fail("workers", "gpus: all gives one task that sees every GPU; remove "
-                                  "workers, or list the GPUs (gpus: [0, 1]) for a task per GPU")
-        return "all"
+    if gpus in ("all", "free") or (isinstance(gpus, int) and not isinstance(gpus, bool)):
+        if "workers" in raw:
+            raise fail("workers", {
+                "all": "gpus: all gives one task that sees every GPU; remove workers, or list "
+                       "the GPUs (gpus: [0, 1]) for a task per GPU",
+                "free": "gpus: free gives one task per free GPU; remove workers",
+            }.get(gpus, f"gpus: {gpus} gives one task per free GPU, {gpus} of them; remove "
+                        f"workers"))
+        if isinstance(gpus, int) and not 1 <= gpus <= MAX_WORKERS_PER_HOST:
+            raise fail("gpus", f"a number of free GPUs must be 1 to {MAX_WORKERS_PER_HOST}, "
+                               f"not {gpus}")
+        return gpus
     if not isinstance(gpus, list) or not gpus or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus):
-        raise fail("gpus", f"must be a list of GPU indices such as [0, 1], or all, not {gpus!r}")
+        raise fail("gpus", f"must be a list of GPU indices such as [0, 1], a number of free "
+                           f"GPUs, free, or all, not {gpus!r}")
     if len(gpus) > MAX_WORKERS_PER_HOST:
         raise fail("gpus", f"lists {len(gpus)} GPUs: one task each, and at most "
                            f"{MAX_WORKERS_PER_HOST} tasks on one host are supported")
@@ -372,6 +387,26 @@ def workdir_problem(workdir: str) -> str | None:
     if not parts or parts == ["~"]:
         return f"must be a directory of its own, not {workdir!r} itself"
     return None
+
+
+def _forwarded(patterns: Any, environ: Mapping[str, str], fail) -> dict[str, EnvValue]:
+    """`forward_env: [NCCL_*, WANDB_API_KEY]`: the controller's variables of those names or
+    globs, for the host's tasks; secrets as `${VAR}` values are (masked wherever shown). A
+    name that matches nothing is no error: a glob often does not."""
+    if patterns is None:
+        return {}
+    if not isinstance(patterns, list) or not all(
+            isinstance(p, str) and FORWARD_PATTERN.fullmatch(p) for p in patterns):
+        raise fail(f"must be a list of variable names or globs such as [NCCL_*, WANDB_API_KEY], "
+                   f"not {patterns!r}")
+    for name in patterns:
+        if name in RESERVED_ENV or (name.startswith(RESERVED_ENV_PREFIXES)
+                                    and "*" not in name and "?" not in name):
+            raise fail(f"{name} is set by tfdeploy itself and cannot be forwarded")
+    return {name: EnvValue(environ[name], secret=True) for name in sorted(environ)
+            if ENV_NAME.fullmatch(name) and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            # a glob does not reach tfdeploy's own
+            and name not in RESERVED_ENV and not name.startswith(RESERVED_ENV_PREFIXES)}
 
 
 def _env_value(key: Any, value: Any, environ: Mapping[str, str], fail) -> EnvValue:

@@ -64,7 +64,9 @@ class Host:
     role: str = "worker"             # one of ROLES
     env: Mapping[str, EnvValue] = field(default_factory=dict)
     own_python: bool = False         # `python` given in the inventory: `inv setup`'s env unused
-    gpus: tuple[int, ...] | str | None = None   # one task per listed GPU, or "all" for one task
+    # One task per listed GPU; N: per free GPU, N of them; "free": per free GPU; "all": one
+    # task that sees every GPU. N and "free" become a list when the run starts (gpuplace.py).
+    gpus: tuple[int, ...] | int | str | None = None
     data: DataSource | None = None   # TFDEPLOY_DATA_DIR: local dir pushed by content, or remote
     ssh_config: str = sshconfig.DEFAULT_FILE
     jump: str | None = None          # gateway(s), ProxyJump syntax, as given

@@ -3,11 +3,13 @@ deploy/run/hostchecks.py runs it. Every problem is a sentence that names the hos
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import deploy.host.probe
 from deploy.host.archive import size
+from deploy.host.gpus import busy_reason
 from deploy.host.probe import PACKAGES
 from deploy.host.protocol import (
     Connect, MeshCloseRequest, MeshDialRequest, MeshListenRequest, MeshResult, Probe, ProbeRequest
@@ -133,6 +135,9 @@ def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0,
         check.problems.append(f"{label}: cluster address {host.tf_address} is IPv6, but the "
                               f"host has no IPv6 (its Python cannot open an IPv6 socket); set "
                               f"cluster_address to an IPv4 address of the host")
+    no_gpu = gpu_problem(host, answer)
+    if no_gpu:
+        check.problems.append(no_gpu)
     if answer.data_problem:
         check.problems.append(f"{label}: field 'data': remote path {host.data.path} "
                               f"{answer.data_problem} on the host")
@@ -149,6 +154,37 @@ def judge_probe(check: HostCheck, answer: Probe, push_bytes: int = 0,
         check.problems.append(f"{label}: only {size(answer.disk_free)} free under "
                               f"{answer.disk_path} (workdir {host.workdir}); a run needs "
                               f"at least {size(MIN_DISK_FREE)}")
+
+
+def gpu_lines(report: CheckReport) -> list[str]:
+    """Every host's GPUs, one line each: model, memory in use, utilisation, and who holds it
+    (busy, as a run would judge it: deploy/host/gpus.py); a host without one says why. Nothing
+    where no host has a GPU or asks for one."""
+    if not any(c.probe and c.probe.gpus or c.host.gpus is not None for c in report.hosts):
+        return []
+    lines = []
+    for c in report.hosts:
+        if c.probe is None:
+            continue
+        if not c.probe.gpus:
+            lines.append(f"{c.host.name}: no GPU ({c.probe.gpu_note or 'none listed'})")
+        for gpu in c.probe.gpus:
+            busy = busy_reason(dataclasses.asdict(gpu))
+            memory = "-" if gpu.memory_total is None else (
+                f"{'?' if gpu.memory_used is None else gpu.memory_used}/{gpu.memory_total} MiB")
+            use = "-" if gpu.utilization is None else f"{gpu.utilization}%"
+            lines.append(f"{c.host.name}: GPU {gpu.index} {gpu.name}  {memory}  {use}  "
+                         f"{'busy: ' + busy if busy else 'free'}")
+    return lines
+
+
+def gpu_problem(host: Host, answer: Probe) -> str | None:
+    """A host whose inventory asks for GPUs and has none."""
+    if host.gpus is None or answer.gpus:
+        return None
+    why = answer.gpu_note or "none listed"
+    return (f"{host.label}: field 'gpus': the host has no GPU ({why}); remove gpus, or "
+            f"install the NVIDIA driver there")
 
 
 def minor(version: str) -> str:

@@ -15,8 +15,8 @@ from deploy.host.envkey import env_python
 from deploy.host.layout import in_run
 from deploy.host.protocol import (
     CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, FollowRequest,
-    LaunchRequest, PollRequest, PortsRequest, PushRequest, ReceiveRequest,
-    ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest
+    GpuPlaceRequest, GpuReleaseRequest, LaunchRequest, PollRequest, PortsRequest, PushRequest,
+    ReceiveRequest, ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest
 )
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
@@ -214,6 +214,18 @@ def tensorboard_tail_request(rundir: str, sizes: Mapping[str, int], limits: Limi
                                limits.bytes, limits.members))
 
 
+def gpu_place_request(host: Host, run_id: str, allow_busy: bool) -> Request:
+    """The host's GPUs for its tasks, leased for the run: the listed ones, N free ones, or
+    every free one (`gpus: [0, 1]`, `gpus: 2`, `gpus: free`)."""
+    gpus = host.gpus
+    return Request(GpuPlaceRequest(run_id, gpus if isinstance(gpus, tuple) else None,
+                                   gpus if isinstance(gpus, int) else None, allow_busy))
+
+
+def gpu_release_request(run_id: str) -> Request:
+    return Request(GpuReleaseRequest(run_id))
+
+
 def fetch_backup_request(rundir: str, limits: Limits) -> Request:
     """The chief's backup as tar.gz; nothing when it has none yet."""
     return Request(TarOutRequest(HostPath(in_run(rundir, layout.BACKUP)), limits.bytes,
@@ -278,11 +290,18 @@ def cluster_dict(slots: list[tuple[Host, str, int]], ports: Mapping[int, int]) -
     return spec
 
 
+# What a plan shows for a GPU the host chooses when the run starts (gpus: N, gpus: free).
+FREE_GPU_SHOWN = "<a free GPU>"
+
+
 def task_gpus(host: Host, slot: int) -> str | None:
-    """The GPUs of the host's `slot`-th task: one listed GPU each, or all of them."""
+    """The GPUs of the host's `slot`-th task: one listed GPU each, all of them, or one the
+    host will choose among its free ones."""
     if isinstance(host.gpus, tuple):
         return str(host.gpus[slot])
-    return host.gpus
+    if host.gpus == "all" or host.gpus is None:
+        return host.gpus
+    return FREE_GPU_SHOWN
 
 
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
@@ -308,6 +327,10 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         env["TFDEPLOY_BACKUP_DIR"] = EnvValue(in_run(rundir, layout.BACKUP))
     if gpus is not None and gpus != "all":
         env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
+    if gpus is not None:
+        # TensorFlow maps nearly all of a GPU's memory otherwise, used or not: on a GPU
+        # shared by a group, memory nobody uses but nobody else can have.
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = EnvValue("true")
     data = host_data_dir(host.workdir, host.data)
     if data is not None:
         env["TFDEPLOY_DATA_DIR"] = EnvValue(data)
@@ -340,7 +363,9 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
                            options.backup, host.role)
             launch = Request(LaunchRequest(
                 HostPath(rundir), key, HostPath(in_run(rundir, layout.PAYLOAD)),
-                (HostPath(host.python), options.entry, *options.args), requirements), env)
+                (HostPath(host.python), options.entry, *options.args), requirements,
+                # NCCL carries GPU tasks' collectives: it must take the cluster's network.
+                host.tf_address.text if gpus is not None else None), env)
             tasks.append(TaskPlan(
                 index=index, host=host, port=ports.get(index) if host.cluster_tasks else None,
                 tf_config=config, launch=launch,

@@ -89,6 +89,15 @@ def plan_text(plan: RunPlan) -> str:
                          f"({HOST_KEY_SHOWN}: of the host's Python build, machine and libc, "
                          "resolved on the host)")
         lines += data_lines(hp)
+        if host.gpus == "free" or isinstance(host.gpus, int):
+            lines.append(f"  gpus:   {host.gpus}: " + (
+                "a task per free GPU" if host.gpus == "free" else
+                f"{host.gpus} free GPU(s), a task each") + ", chosen and leased by the host when "
+                "the run starts (--allow-busy-gpus: busy ones too)")
+        elif isinstance(host.gpus, tuple):
+            lines.append(f"  gpus:   {', '.join(map(str, host.gpus))}, each leased by the host "
+                         f"when the run starts; a busy one refuses the run (unless "
+                         f"--allow-busy-gpus)")
         for t in hp.tasks:
             gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
             where = (f"at {t.endpoint}" if t.in_cluster

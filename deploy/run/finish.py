@@ -159,5 +159,6 @@ def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str,
             "duration_s": None if t.duration is None else round(t.duration, 3),
             "epochs": t.epoch, "epochs_total": t.epochs_total, "final_loss": t.loss,
             "metrics": t.metrics, "losses": t.losses, "val_losses": t.val_losses,
+            "gpu": t.gpu, "gpu_memory_peak_mib": t.gpu_memory_peak,
         } for t in run.tasks],
     }

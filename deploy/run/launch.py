@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -24,6 +25,7 @@ from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
 from deploy.plan.pythons import payload_need
+from deploy.run.gpuplace import place_gpus
 from deploy.run.hostchecks import check_before_run
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
 from deploy.run.lostport import NewPorts
@@ -56,6 +58,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
           reporter: Reporter) -> int:
     prepared = prepare(inventory, options, settings, reporter)
     session, checked_ports = connect_and_check(prepared, settings, reporter)
+    prepared, checked_ports = on_gpus(prepared, session, settings, reporter, checked_ports)
     run = start_records(prepared, session, settings, reporter)
     with ending(run, settings) as end:
         push(run, prepared)
@@ -101,6 +104,27 @@ def connect_and_check(prepared: Prepared, settings: RunSettings,
     report = check_before_run(session, inventory, reporter, plan.options.requirements_sha256,
                               push_bytes, payload_need(Path(plan.options.payload)))
     return session, report.host_ports
+
+
+def on_gpus(prepared: Prepared, session: Session, settings: RunSettings, reporter: Reporter,
+            checked_ports: Mapping[str, list[int]] | None,
+            ) -> tuple[Prepared, Mapping[str, list[int]] | None]:
+    """The GPUs the hosts give the tasks (gpuplace.py), and the plan made again with them
+    (closing the session when they refuse the run). Ports the checks chose for fewer tasks
+    than a host now runs (`gpus: free`) are chosen again at launch."""
+    try:
+        inventory = place_gpus(prepared.inventory, session, prepared.plan.run_id,
+                               settings.allow_busy_gpus, reporter)
+    except BaseException:
+        session.close()
+        raise
+    if inventory is prepared.inventory:
+        return prepared, checked_ports
+    plan = plan_run(inventory, prepared.plan.options, prepared.plan.run_id)
+    same = all(h.cluster_tasks == len((checked_ports or {}).get(h.name, ()))
+               for h in inventory.hosts)
+    return (dataclasses.replace(prepared, inventory=inventory, plan=plan),
+            checked_ports if same else None)
 
 
 def start_records(prepared: Prepared, session: Session, settings: RunSettings,

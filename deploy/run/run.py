@@ -41,6 +41,8 @@ class RunSettings:
     verbose: bool = False
     # How much an archive from a host may unpack to: the chief's output, a carried backup.
     fetch_limits: Limits = Limits()
+    # Run on GPUs that other runs or users hold (gpuplace.py refuses them otherwise).
+    allow_busy_gpus: bool = False
 
 
 class Run:
@@ -50,8 +52,8 @@ class Run:
         self.plan, self.session, self.dir = plan, session, local_dir
         self.reporter = reporter            # what the run does is told to it (events.py)
         self.limits = limits                # of the archives fetched from its hosts
-        self.tasks = [TaskProgress(t.index, t.host.name, role=t.role, type_index=t.type_index)
-                      for t in plan.tasks]
+        self.tasks = [TaskProgress(t.index, t.host.name, role=t.role, type_index=t.type_index,
+                                   gpu=t.gpus) for t in plan.tasks]
         self.only_task = only_task          # `inv logs --task N`: print only its lines
         self.raw = raw                      # print every line as written (no filter)
         self.writes_logs = writes_logs      # False while another controller follows the run

@@ -57,6 +57,7 @@ class Watch:
                     if event is not None:
                         self.handle(event)
                     self.tensorboard.tick()
+                    self.gpu_samples()
                     run.reporter.refresh()
         except KeyboardInterrupt:
             if run.interrupt_stops:
@@ -68,6 +69,14 @@ class Watch:
         finally:
             self.followers.close()
             self.tensorboard.close()
+
+    def gpu_samples(self) -> None:
+        """Each GPU task's utilisation and memory, as its host's beats last sampled them."""
+        for task in self.run.tasks:
+            if task.gpu is not None and task.gpu != "all" and task.host not in self.lost:
+                sample = self.run.session.agents[task.host].gpu_sample.get(task.gpu)
+                if sample is not None:
+                    task.gpu_sampled(*sample)
 
     def watch_heartbeats(self) -> None:
         """A host whose agent has said nothing for lost_after seconds (every agent beats each

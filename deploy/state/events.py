@@ -104,9 +104,21 @@ class CheckReported(Event):
         report = self.report
         return {"event": self.kind(), "ok": report.ok, "seconds": round(report.seconds, 3),
                 "hosts": [{"host": c.host.name, "cells": [str(x) for x in cells],
-                           "problems": list(c.problems)}
+                           "problems": list(c.problems),
+                           "gpus": [dataclasses.asdict(g) for g in c.probe.gpus]
+                           if c.probe else []}
                           for c, cells in zip(report.hosts, rows(report))],
                 "problems": list(report.all_problems)}
+
+
+@dataclass(frozen=True)
+class GpusPlaced(Event):
+    """The GPUs each placing host gave its tasks, leased for the run (run/gpuplace.py)."""
+    hosts: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def text(self) -> str:
+        return "GPUs: " + "; ".join(f"{name} {', '.join(map(str, indices))}"
+                                    for name, indices in self.hosts)
 
 
 @dataclass(frozen=True)
@@ -359,6 +371,10 @@ class TaskSnapshot:
     steps_per_second: Optional[float]
     eta_seconds: Optional[float]
     losses: Tuple[float, ...]
+    gpu: Optional[str] = None
+    gpu_utilization: Optional[int] = None
+    gpu_memory: Optional[int] = None
+    gpu_memory_peak: Optional[int] = None
 
 
 def snapshot(task: TaskProgress) -> TaskSnapshot:
@@ -367,7 +383,8 @@ def snapshot(task: TaskProgress) -> TaskSnapshot:
         code=task.code, duration=task.duration, epoch=task.epoch,
         epochs_total=task.epochs_total, loss=task.loss, metrics=dict(task.metrics),
         steps_per_second=task.steps_per_second, eta_seconds=task.eta_seconds,
-        losses=tuple(task.losses))
+        losses=tuple(task.losses), gpu=task.gpu, gpu_utilization=task.gpu_utilization,
+        gpu_memory=task.gpu_memory, gpu_memory_peak=task.gpu_memory_peak)
 
 
 @dataclass(frozen=True)

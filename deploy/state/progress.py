@@ -74,6 +74,15 @@ class TaskProgress:
     role: str = "worker"             # its task type
     type_index: int | None = None    # its index among its type (None: its index, a worker)
     relaunches: int = 0              # times it was relaunched in place (a ps cluster's worker)
+    gpu: str | None = None           # its CUDA_VISIBLE_DEVICES ("all": every GPU of its host)
+    gpu_utilization: int | None = None   # % and MiB, as its host's beats last sampled them
+    gpu_memory: int | None = None
+    gpu_memory_peak: int | None = None
+
+    def gpu_sampled(self, utilization: int | None, memory: int | None) -> None:
+        self.gpu_utilization, self.gpu_memory = utilization, memory
+        if memory is not None:
+            self.gpu_memory_peak = max(memory, self.gpu_memory_peak or 0)
 
     @property
     def name(self) -> str:

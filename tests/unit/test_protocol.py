@@ -18,11 +18,11 @@ from deploy.host.frames import Bounds, FrameError, read_frame
 from deploy.host.protocol import (
     REQUESTS, Beat, CleanupRequest, Connect, CreditRequest, DataPushRequest,
     DataReceiveRequest, EnvBuildRequest, EnvStatus, EnvStatusRequest, FollowRequest, Freed,
-    HostRequest, LaunchRequest, Launched, MeshCloseRequest, MeshDialRequest, MeshDialed,
-    MeshListenRequest, MeshListening, MeshResult, PollRequest, PortsFreeRequest, PortsRequest,
-    Probe, ProbeRequest, ProtocolError, PruneRequest, Pruned, PushRequest, Pushed, ReceiveRequest,
-    ReplaceBackupRequest, SetupEvent, StopRequest, Stopped, TailRequest, TarOutRequest, TaskStatus, Tasks,
-    Unpacked, decode_request, error_of
+    GpuPlaceRequest, GpuReleaseRequest, HostRequest, LaunchRequest, Launched, MeshCloseRequest,
+    MeshDialRequest, MeshDialed, MeshListenRequest, MeshListening, MeshResult, PollRequest,
+    PortsFreeRequest, PortsRequest, Probe, ProbeRequest, ProtocolError, PruneRequest, Pruned,
+    PushRequest, Pushed, ReceiveRequest, ReplaceBackupRequest, SetupEvent, StopRequest, Stopped,
+    TailRequest, TarOutRequest, TaskStatus, Tasks, Unpacked, decode_request, error_of
 )
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
@@ -302,6 +302,7 @@ SAMPLES = [
     StopRequest("/w/runs/r1", 2.5), CleanupRequest("/w/runs/r1", 1.0, "a"),
     TarOutRequest("/w/runs/r1/output", 1 << 30, 10000),
     TailRequest(HostPath("~/w/runs/r1/output/tensorboard"), {"train/events.1": 10}, 1 << 26, 100),
+    GpuPlaceRequest("20261204-1-a", (0, 2), allow_busy=True), GpuReleaseRequest("20261204-1-a"),
     ReplaceBackupRequest("/w/runs/r1", 1 << 30, 10000),
     PruneRequest(HostPath("~/w"), "a", 7.0, True),
     EnvStatusRequest(HostPath("~/w/runs/setup-1-a")),
