@@ -17,10 +17,15 @@ from importlib import metadata
 from json import dumps
 from pathlib import Path
 
-from invoke import Collection, Exit, Program, task
+import difflib
+import re
+
+from invoke import Collection, Exit, ParseError, Program
+from invoke import task as invoke_task
 from rich.console import Console
 from rich.text import Text
 
+from deploy.commandline import PROGRAM, command
 from deploy.console.plain import plain
 from deploy.console.reporter import ConsoleReporter, JsonReporter
 from deploy.errors import BadInput, TfdeployError
@@ -34,7 +39,7 @@ from deploy.plan.planner import Options, plan_run
 from deploy.plan.pythons import payload_need
 from deploy.plan.text import plan_text
 from deploy.run.hostchecks import check_hosts
-from deploy.run.preflight import refuse_bad_input
+from deploy.run.preflight import refuse_bad_input, shown_paths
 from deploy.run.launch import train as run_training
 from deploy.run.pruning import prune as prune_hosts
 from deploy.run.reattach import down as stop_run
@@ -46,9 +51,15 @@ from deploy.run.run import RunSettings
 from deploy.run.envsetup import requirements_hash
 from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
-from deploy.state.events import CheckReported
+from deploy.state.events import CheckReported, PayloadLeftOut
 from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id
+
+def task(**kwargs):
+    """Invoke's @task without short flags made up from names: they meant different things in
+    different tasks (-t: --accept-new-host-keys in train, --task in logs), and -h is help."""
+    return invoke_task(auto_shortflags=False, **kwargs)
+
 
 HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
               "inventory: two workers on localhost)")
@@ -209,10 +220,12 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
                      "is torn down (default: 120; 0: no watchdog)",
     "lost_after": LOST_AFTER_HELP,
     "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
-    "no_check": "skip the checks of `inv check` (versions, disk, ports, TCP mesh) before "
+    "no_check": f"skip the checks of `{command('check')}` (versions, disk, ports, TCP mesh) "
+                "before "
                 "starting",
     "detach": "return once every task has started, leaving the run on its hosts; print its "
-              "id and the commands to follow (inv logs), inspect (inv status), stop (inv down)",
+              f"id and the commands to follow ({command('logs')}), inspect "
+              f"({command('status')}), stop ({command('down')})",
     "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
                 "the chief's BackupAndRestore state, up to N times (default: 0)",
     "allow_busy_gpus": "run on GPUs another run or user holds (by default a busy GPU listed in "
@@ -255,7 +268,9 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                           requirements_sha256=requirements_hash(Path(payload)),
                           backup=settings.restarts > 0)
         if dry_run:
-            refuse_bad_input(chosen, options, settings.runs_dir)
+            walked = refuse_bad_input(chosen, options, settings.runs_dir)
+            if walked.left_out:
+                reporter.emit(PayloadLeftOut(shown_paths(walked.left_out, Path(payload))))
             # Not wrapped here: a wrapped command line could not be copied, and wrapping a
             # large cluster's plan costs far more than making it.
             console.print(plan_text(plan_run(chosen, options, new_run_id())), markup=False,
@@ -410,7 +425,8 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
 
 
 @task(help={**RUN_HELP,
-            "follow": "keep following, with the live view of inv train, until the run ends; "
+            "follow": f"keep following, with the live view of {command('train')}, until the "
+                      "run ends; "
                       "then fetch artifacts, write summary.json and tear the run down. "
                       "Ctrl-C, SIGTERM or closing the terminal stop following only: the "
                       "run goes on",
@@ -419,8 +435,7 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
             "start_timeout": "with --follow: seconds for every task to reach its first "
                              "training step before the run is torn down (default: 0, off)",
             "lost_after": "with --follow: " + LOST_AFTER_HELP,
-            "verbose": "with --follow: " + VERBOSE_HELP + "; without --follow the log is "
-                       "always printed as it is",
+            "verbose": VERBOSE_HELP,
             "max_fetch": "with --follow: " + MAX_FETCH_HELP,
             "json": JSON_HELP})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
@@ -460,10 +475,76 @@ def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=
              connect_timeout, accept_new_host_keys, max_fetch=max_fetch)
 
 
+# The tasks' docstrings are their --help: they name the command as the user runs it.
+for _task in Collection.from_module(sys.modules[__name__]).tasks.values():
+    _task.__doc__ = (_task.__doc__ or "").replace("`inv ", f"`{PROGRAM} ")
+
+# Invoke's own flags that do nothing here (tfdeploy runs no shell commands through Invoke).
+HIDDEN_FLAGS = ("--command-timeout", "--config", "--debug", "--dry", "--echo", "--hide",
+                "--list-depth", "--list-format", "--prompt-for-sudo-password", "--pty",
+                "--warn-only", "--write-pyc")
+# What a flag's value is, in --help, where Invoke would say STRING.
+VALUES = {"--connect-timeout": "SECONDS", "--grace": "SECONDS", "--start-timeout": "SECONDS",
+          "--lost-after": "SECONDS", "--older-than": "DAYS", "--restarts": "N",
+          "--max-fetch": "SIZE", "--task": "NAME|N", "--hosts": "FILE", "--payload": "DIR",
+          "--entry": "SCRIPT", "--runs-dir": "DIR", "--run": "RUN_ID", "--wheelhouse": "DIR",
+          "--args": "'ARGS'"}
+
+
+class TfdeployProgram(Program):
+    """Invoke's Program as the installed `tfdeploy`: its help shows what applies here, and a
+    mistyped task or flag exits 2 (bad input) naming the nearest one."""
+
+    def print_columns(self, tuples) -> None:
+        shown = []
+        for names, text in tuples:
+            if any(re.search(rf"{flag}(?![\w-])", names) for flag in HIDDEN_FLAGS):
+                continue
+            names = re.sub(r"(--[\w-]+)(\[?)=STRING",
+                           lambda m: f"{m[1]}{m[2]}={VALUES.get(m[1], 'TEXT')}", names)
+            shown.append((names.replace("STRING", "TEXT"), text))
+        super().print_columns(shown)
+
+    def parse_core(self, argv) -> None:
+        try:
+            super().parse_core(argv)
+        except ParseError as error:
+            raise Exit(self.explained(error), code=2) from None
+
+    def parse_tasks(self) -> None:
+        try:
+            super().parse_tasks()
+        except ParseError as error:
+            raise Exit(self.explained(error), code=2) from None
+
+    def explained(self, error: ParseError) -> str:
+        """Invoke's "No idea what 'x' is!" as what it means and what was likely meant."""
+        unknown = re.fullmatch(r"No idea what '(.*)' is!", str(error))
+        if unknown is None:
+            return f"error: {error}"
+        word = unknown[1]
+        context = getattr(error, "context", None)
+        if word.startswith("-") and context is not None and context.name:
+            near = difflib.get_close_matches(word, [f for f in context.flags
+                                                    if f.startswith("--")], n=1, cutoff=0.8)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            if context.name == "train" and not near:
+                after = self.argv[self.argv.index(word) + 1:] if word in self.argv else []
+                value = f" {after[0]}" if after and not after[0].startswith("-") else ""
+                hint = f"; for the payload's own flags: --args \"{word}{value}\""
+            return (f"error: {command(context.name)} has no flag {word}{hint} "
+                    f"({command(context.name)} --help lists them)")
+        near = difflib.get_close_matches(word, list(self.collection.task_names), n=1,
+                                         cutoff=0.6)
+        return (f"error: no task or flag {word!r}" + (f"; did you mean {near[0]}?" if near
+                                                      else "") +
+                f" ({command('--list')} lists the tasks)")
+
+
 def main() -> None:
     """The installed `tfdeploy` command: these tasks, from any directory."""
-    Program(name="tfdeploy", binary="tfdeploy", version=metadata.version("tfdeploy"),
-            namespace=Collection.from_module(sys.modules[__name__])).run()
+    TfdeployProgram(name="tfdeploy", binary="tfdeploy", version=metadata.version("tfdeploy"),
+                    namespace=Collection.from_module(sys.modules[__name__])).run()
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def tamper(agent, config) -> None:
             return send_big(channel, {"id": request["id"]})
         return honest_respond(request, channel, work)
 
-    def beat(channel):
+    def beat(channel, serving):
         while True:
             if followed.is_set() and "beat" in modes(config):
                 send_big(channel, {"beat": time.time()})

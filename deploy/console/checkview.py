@@ -10,24 +10,60 @@ from deploy.host.probe import PACKAGES
 from deploy.plan.checks import CheckReport, gpu_lines, rows
 
 
+COLUMNS = ("host", "address", "python", *PACKAGES, "disk free", "ports", "mesh", "problems")
+
+
+class HostRows:
+    """The hosts' rows: a table where the terminal is wide enough for its cells whole, else
+    (a narrow or piped terminal) one block of `column: value` lines per host, so that no
+    cell is ever broken one character per line."""
+
+    def __init__(self, title: str, cells: list[list[Text]]):
+        self.title, self.cells = title, cells
+
+    def table(self) -> Table:
+        table = Table(title=self.title, title_justify="left")
+        for column in COLUMNS:
+            # Lists (ports, mesh, problem numbers) wrap at their commas; the rest stay whole.
+            table.add_column(column, no_wrap=column not in self.WRAPPING,
+                             min_width=len(column))
+        for cells in self.cells:
+            table.add_row(*cells)
+        return table
+
+    WRAPPING = ("ports", "mesh", "problems")
+
+    def width(self) -> int:
+        """The narrowest the table can be with every cell whole (the lists at least as wide as
+        their headers), borders and padding included."""
+        widest = [max([len(column)] + ([] if column in self.WRAPPING else
+                                       [cells[i].cell_len for cells in self.cells]))
+                  for i, column in enumerate(COLUMNS)]
+        return sum(widest) + 3 * len(COLUMNS) + 1
+
+    def __rich_console__(self, console, options):
+        if self.width() <= options.max_width:
+            yield self.table()
+            return
+        yield Text(self.title)
+        for cells in self.cells:
+            yield Text.assemble(cells[0], *(part for column, cell in zip(COLUMNS[1:], cells[1:])
+                                            for part in (f"\n  {column}: ", cell)))
+
+
 def report_view(report: CheckReport) -> Group:
-    """The table, one row per host; its problems column points into the numbered list below,
-    which says each problem in words (plain lines, easy to copy)."""
+    """The hosts' rows; their problems point into the numbered list below, which says each
+    problem in words (plain lines, easy to copy)."""
     numbers = {p: i + 1 for i, p in enumerate(report.all_problems)}
-    table = Table(title=f"check: {len(report.hosts)} host(s), {report.seconds:.1f} s",
-                  title_justify="left")
-    for column in ("host", "address", "python", *PACKAGES, "disk free",
-                   "ports", "mesh", "problems"):
-        # Versions and sizes stay whole; long cells (addresses, port lists) fold.
-        folds = column in ("address", "ports", "mesh", "problems")
-        table.add_column(column, no_wrap=not folds, overflow="fold")
+    rows_shown = []
     for check, cells in zip(report.hosts, rows(report)):
         refs = ", ".join(f"#{numbers[p]}" for p in check.problems)
         cells[-1] = Text(refs, style="bold red") if refs else Text("ok", style="green")
         cells[-2] = Text(cells[-2], style="green" if cells[-2] == "ok" else "red")
         # The hosts' answers (versions, addresses) as plain text, never as markup.
-        table.add_row(*(c if isinstance(c, Text) else Text(plain(str(c))) for c in cells))
-    lines: list = [table]
+        rows_shown.append([c if isinstance(c, Text) else Text(plain(str(c))) for c in cells])
+    lines: list = [HostRows(f"check: {len(report.hosts)} host(s), {report.seconds:.1f} s",
+                            rows_shown)]
     gpus = gpu_lines(report)
     if gpus:
         lines += [Text("GPUs", style="bold")] + [

@@ -1,12 +1,14 @@
 """Which log lines the console shows, and how. The logs themselves are never filtered: every
 byte stays in runs/<id>/worker-<i>.log; this only decides what reaches the screen.
 
-Hidden by default (shown with --verbose, and always by plain `inv logs`):
+Hidden by default, by `train` and `logs` alike (shown with --verbose):
 - TensorFlow's C++ log lines (absl/glog format: `I0000 00:00:1796281974.746382  1198
   port.cc:153] oneDNN custom operations are on...`, W/E/F alike) and absl's notice that such
   lines go to stderr before it is initialised. They come from TensorFlow's start-up (CPU
   features, CUDA probes, oneDNN) on every worker, dozens of lines that say nothing about the
   training.
+- The continuation of such a line that names a task (`/job:worker/replica:0/task:1`), which
+  TensorFlow prints on a line of its own after some of them.
 - The payload's machine-readable {"event": ...} lines: the live table shows what they carry.
   Where there is no live table (no terminal) an epoch line is shown as a short readable line
   instead, so piped output still tells how training goes.
@@ -30,9 +32,14 @@ CPP_NOTICES = (
 )
 
 
+# A C++ log line's continuation: a device or task name alone on its line.
+CPP_CONTINUATION = re.compile(r"^/job:[\w-]+/replica:\d+/task:\d+(/device:[\w:]+)?\s*$")
+
+
 def is_tensorflow_chatter(line: str) -> bool:
     """A line of TensorFlow's C++ runtime log, not of the payload."""
-    return bool(CPP_LOG.match(line)) or line.startswith(CPP_NOTICES)
+    return bool(CPP_LOG.match(line) or CPP_CONTINUATION.match(line)) or \
+        line.startswith(CPP_NOTICES)
 
 
 def shown_line(line: str, raw: bool = False, events_as_text: bool = True,

@@ -16,6 +16,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from deploy.commandline import command
 from deploy.host.probe import PACKAGES, normalized
 
 # Each TensorFlow minor release and the oldest and newest Python it has wheels for (its
@@ -145,10 +146,12 @@ def python_problem(python: str, need: PythonNeed | None,
         return None
     if version < need.oldest:
         return (f"Python {python} is too old for {need.what} (needs "
-                f"{need.supports}): set python: to a newer interpreter, or inv setup with one")
+                f"{need.supports}): set python: to a newer interpreter, or {command('setup')} with "
+                f"one")
     if need.newest is not None and version > need.newest:
         return (f"Python {python} is too new for {need.what} (supports "
-                f"{need.supports}): set python: to an older interpreter, or inv setup with one")
+                f"{need.supports}): set python: to an older interpreter, or {command('setup')} "
+                f"with one")
     return None
 
 
@@ -156,6 +159,6 @@ def install_hint(packages: list[str], externally_managed: bool) -> str:
     """How to install missing packages for the host's python: pip, except where the Python is
     externally managed (PEP 668: a distribution's own, where pip install is refused)."""
     if externally_managed:
-        return ("an externally managed Python, where pip install is refused: inv setup builds "
-                "an environment from the payload's requirements.txt")
+        return (f"an externally managed Python, where pip install is refused: {command('setup')} "
+                f"builds an environment from the payload's requirements.txt")
     return "pip install " + " ".join(PACKAGES.get(p, (p,))[0] for p in packages)

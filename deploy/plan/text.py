@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from deploy.commandline import command
 from deploy.inventory.model import Host
 from deploy.plan.planner import HOST_KEY_SHOWN, HostPlan, RunPlan, agent_command
 
@@ -85,7 +86,7 @@ def plan_text(plan: RunPlan) -> str:
                   f"  agent:  {agent_command(host).shown()}",
                   f"  push:   {hp.push.shown()}", f"  ports:  {hp.ports.shown()}"]
         if hp.env_python:
-            lines.append(f"  python: {hp.env_python} if `inv setup` built it, else {host.python} "
+            lines.append(f"  python: {hp.env_python} if `{command('setup')}` built it, else {host.python} "
                          f"({HOST_KEY_SHOWN}: of the host's Python build, machine and libc, "
                          "resolved on the host)")
         lines += data_lines(hp)

@@ -37,13 +37,35 @@ class FileEntry:
     size: int
 
 
+# Names that are tfdeploy's own wherever they are in a payload (a controller's scratch files),
+# but for the payload's own ignore file.
+OURS_PREFIX = ".tfdeploy"
+
+
+def ours(name: str) -> bool:
+    return name.startswith(OURS_PREFIX) and name != IGNORE_FILE
+
+
+def left_out_of(payload: Path, runs_dir: Path | None) -> list[Path]:
+    """What of tfdeploy's own lies in the payload and never travels: the runs directory (its
+    records, logs and fetched models: `--payload .` with the default `--runs-dir runs`), and
+    `.tfdeploy*` at its top."""
+    found = [p for p in sorted(payload.glob(OURS_PREFIX + "*")) if ours(p.name)]
+    if runs_dir is not None and runs_dir.is_dir() and runs_dir.resolve() != payload.resolve() \
+            and _inside(runs_dir.resolve(), payload.resolve()):
+        found.append(runs_dir)
+    return found
+
+
 def payload_files(payload: Path, rules: IgnoreRules | None = None,
-                  what: str = "payload") -> list[Path]:
+                  what: str = "payload", left_out: list[Path] = ()) -> list[Path]:
     """Regular files of the payload that are not ignored, symlinks inside it followed (hosts
     get their content); a symlink leaving the payload is refused unless it is ignored.
-    `what` names the directory in errors (the payload, or a data directory)."""
+    `what` names the directory in errors (the payload, or a data directory). `left_out`:
+    paths inside it that never travel (left_out_of), and neither does `.tfdeploy*`."""
     rules = rules or IgnoreRules.of_payload(payload)
     root = payload.resolve()
+    skipped = {p.resolve() for p in left_out}
     files = []
 
     def unreadable(error: OSError) -> None:
@@ -52,8 +74,11 @@ def payload_files(payload: Path, rules: IgnoreRules | None = None,
     for dirpath, dirnames, filenames in os.walk(payload, followlinks=True, onerror=unreadable):
         here = Path(dirpath)
         rel_here = "" if here == payload else here.relative_to(payload).as_posix() + "/"
-        dirnames[:] = sorted(d for d in dirnames if not rules.ignored(rel_here + d, True))
-        kept = sorted(f for f in filenames if not rules.ignored(rel_here + f, False))
+        dirnames[:] = sorted(d for d in dirnames if not rules.ignored(rel_here + d, True)
+                             and not ours(d)
+                             and (here / d).resolve() not in skipped)
+        kept = sorted(f for f in filenames if not rules.ignored(rel_here + f, False)
+                      and not ours(f))
         for name in [*dirnames, *kept]:
             path = here / name
             if path.is_symlink() and not _inside(path.resolve(), root):
@@ -84,10 +109,11 @@ def file_entry(payload: Path, rel: Path, hashes: HashCache) -> FileEntry:
                      stat.st_size)
 
 
-def checked_payload(payload: Path, entry: str) -> list[Path]:
-    """The payload's files that travel (payload_files), after checking what a push needs of
-    the payload directory, the entry script and the ignore file. A dry run and a real run
-    both check through here, so that a dry run that passes means the push will not refuse."""
+def checked_payload(payload: Path, entry: str, runs_dir: Path | None = None) -> list[Path]:
+    """The payload's files that travel (payload_files; never the runs directory `runs_dir`),
+    after checking what a push needs of the payload directory, the entry script and the
+    ignore file. A dry run and a real run both check through here, so that a dry run that
+    passes means the push will not refuse."""
     if not payload.is_dir():
         kind = "" if not payload.exists() else (
             f" ({payload} is a file)" if payload.is_file() else f" ({payload} is not a directory)")
@@ -106,8 +132,12 @@ def checked_payload(payload: Path, entry: str) -> list[Path]:
         raise BundleError(f"entry script {entry!r} not found in payload {payload}: it is a "
                           "directory, not a script")
     if not entry_path.is_file():
-        raise BundleError(f"entry script {entry!r} not found in payload {payload}")
-    files = payload_files(payload)
+        scripts = sorted(p.name for p in payload.glob("*.py") if p.is_file())
+        there = (f"its scripts: {', '.join(scripts[:10])}{' …' if len(scripts) > 10 else ''}"
+                 if scripts else "it has no .py file at its top")
+        raise BundleError(f"entry script {entry!r} not found in payload {payload} ({there}): "
+                          f"name the script to run with --entry")
+    files = payload_files(payload, left_out=left_out_of(payload, runs_dir))
     entry_rel = os.path.normpath(entry)
     if not any(f.as_posix() == entry_rel for f in files) and not any(
             (payload / f).resolve() == entry_path.resolve() for f in files):

@@ -8,6 +8,7 @@ import shlex
 import time
 from pathlib import Path
 
+from deploy.commandline import command
 from deploy.console.plot import plot_losses
 from deploy.run.run import Run
 from deploy.run.signals import (
@@ -15,9 +16,9 @@ from deploy.run.signals import (
 )
 from deploy.state import lifetime, localdir
 from deploy.state.events import (
-    ArchiveNote, PlotFailed, Reporter, RunSummary, TeardownAbandoned, snapshot
+    ArchiveNote, PlotFailed, Reporter, RunNote, RunSummary, TeardownAbandoned, snapshot
 )
-from deploy.state.progress import TaskProgress, losses_agree
+from deploy.state.progress import NO_EPOCHS, TaskProgress, losses_agree, told_epochs
 from deploy.state.record import RecordError, RunState, load_record, write_json
 
 
@@ -75,6 +76,8 @@ def finish(run: Run, how: str) -> int:
         losses_agree(run.tasks), tuple(problems), len(plan.hosts),
         str(local_dir / localdir.SUMMARY), artifacts, str(local_dir / localdir.ARTIFACTS),
         None if plot is None else str(plot), None if tensorboard is None else str(tensorboard)))
+    if not told_epochs(run.tasks) and any(t.state == "exited" for t in run.tasks):
+        reporter.emit(RunNote(plan.run_id, NO_EPOCHS))
     return code
 
 
@@ -88,7 +91,7 @@ def abandon(run: Run, abandoned: Abandoned) -> int:
     left = (f"tasks may still run on {', '.join(busy)}" if busy else
             "no task is known to run, but run directories may be left")
     run.reporter.emit(TeardownAbandoned(
-        left, f"inv down --run {run.plan.run_id}{runs_dir_flag(run.dir.parent)}"))
+        left, f"{command('down')} --run {run.plan.run_id}{runs_dir_flag(run.dir.parent)}"))
     return abandoned.exit_code
 
 

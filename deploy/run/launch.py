@@ -29,7 +29,7 @@ from deploy.run.gpuplace import place_gpus
 from deploy.run.hostchecks import check_before_run
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
 from deploy.run.lostport import NewPorts
-from deploy.run.preflight import refuse_bad_input
+from deploy.run.preflight import refuse_bad_input, shown_paths
 from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings
 from deploy.run.signals import Abandoned, HungUp
@@ -37,7 +37,8 @@ from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.events import (
-    Detached, Interrupted, Pushed, RecordsAt, Reporter, RunPlanned, TasksStarted
+    Detached, Interrupted, PayloadLeftOut, Pushed, RecordsAt, Reporter, RunPlanned,
+    TasksStarted
 )
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
@@ -86,6 +87,8 @@ def prepare(inventory: Inventory, options: Options, settings: RunSettings,
     inventory = data.resolved(inventory)
     plan = plan_run(inventory, options, run_id)
     reporter.emit(RunPlanned(run_id, len(plan.tasks), len(inventory.hosts)))
+    if walked.left_out:
+        reporter.emit(PayloadLeftOut(shown_paths(walked.left_out, Path(options.payload))))
     return Prepared(inventory, plan, payload, data)
 
 

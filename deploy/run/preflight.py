@@ -10,13 +10,13 @@ walked is returned, so that a real run's push hashes those files instead of walk
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.lints import refuse_problems
 from deploy.plan.planner import Options
-from deploy.push.bundle import checked_payload
+from deploy.push.bundle import checked_payload, left_out_of
 from deploy.push.data import local_data
 from deploy.state.localdir import check_runs_dir
 
@@ -25,12 +25,20 @@ from deploy.state.localdir import check_runs_dir
 class Walked:
     payload: list[Path]                              # the payload's files that travel
     data: dict[str, tuple[Host, list[Path]]]         # local data directories (local_data)
+    left_out: list[Path] = field(default_factory=list)   # tfdeploy's own, in the payload
 
 
 def refuse_bad_input(inventory: Inventory, options: Options, runs_dir: Path) -> Walked:
     """BadInput for the first thing a run would refuse; nothing is written anywhere."""
     payload = Path(options.payload)
-    walked = Walked(checked_payload(payload, options.entry), local_data(inventory))
+    walked = Walked(checked_payload(payload, options.entry, runs_dir), local_data(inventory),
+                    left_out_of(payload, runs_dir))
     check_runs_dir(runs_dir)
     refuse_problems(inventory, payload)
     return walked
+
+
+def shown_paths(paths: list[Path], payload: Path) -> tuple[str, ...]:
+    """`runs/`, `.tfdeploy-cache/`: paths as the payload holds them."""
+    return tuple(path.resolve().relative_to(payload.resolve()).as_posix() +
+                 ("/" if path.is_dir() else "") for path in paths)

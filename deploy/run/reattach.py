@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from deploy.commandline import command
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
 from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
@@ -21,6 +22,7 @@ from deploy.state import localdir
 from deploy.state.events import (
     FollowStopped, RecordDamaged, Reporter, RunNote, RunStatus, RunsListed, listed, snapshot
 )
+from deploy.state.progress import NO_EPOCHS, told_epochs
 from deploy.state.record import (
     RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, load_record,
     read_records
@@ -101,7 +103,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
     local_dir = find_run(runs_dir, run_id, _readable(runs_dir, reporter))
     record = load_record(local_dir)
     if not record.state.active:
-        _show_local(record, local_dir, reporter, task)
+        _show_local(record, local_dir, reporter, task, settings.verbose)
         reporter.emit(RunNote(record.run_id, f"run {record.run_id} has ended "
                                              f"({_describe(record)}): the logs above are complete"))
         return 0
@@ -109,11 +111,11 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
         # Its controller ended while launching: some tasks may never have started, and a
         # follower would wait for them forever.
         raise RecordError(f"run {record.run_id} was never fully started (its controller ended "
-                          f"during the launch): stop it with inv down --run {record.run_id}")
+                          f"during the launch): stop it with {command('down')} --run {record.run_id}")
     lock = FollowLock(local_dir)
     if not lock.acquire() and not follow:
         # The controller following the run keeps the local copy current: show that.
-        _show_local(record, local_dir, reporter, task)
+        _show_local(record, local_dir, reporter, task, settings.verbose)
         return 0
     if lock.file is None:
         raise RecordError(f"run {record.run_id} is being followed by another controller "
@@ -121,8 +123,8 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
     try:
         record, run = _open(runs_dir, record.run_id, settings, reporter, only_task=task,
                             writes_logs=True)
-        # Plain `inv logs` prints the log as it is; following it looks like `inv train`.
-        run.raw = not follow or settings.verbose
+        # Filtered as `train` shows it (TensorFlow's C++ log hidden); --verbose: every line.
+        run.raw = settings.verbose
         how = Finish.DONE
         try:
             load_local_logs(run, run.show)
@@ -157,7 +159,8 @@ def plot(runs_dir: Path, run_id: str | None, reporter: Reporter) -> int:
     path = draw_loss_plot(run.tasks, local_dir, record.run_id, reporter)
     if path is None:
         raise Failure(f"run {record.run_id}: no task reported a loss in its log "
-                      f"({local_dir}): nothing to plot")
+                      f"({local_dir}): nothing to plot" + (
+                          "" if told_epochs(run.tasks) else f"; {NO_EPOCHS}"))
     reporter.emit(RunNote(record.run_id, f"loss curve: {path}"))
     return 0
 
@@ -189,10 +192,10 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
 
 
 def _show_local(record: RunRecord, local_dir: Path, reporter: Reporter,
-                task: str | None) -> None:
+                task: str | None, raw: bool) -> None:
     plan = record.plan(str(local_dir / RECORD_FILE))
     run = Run(plan, None, local_dir, reporter, only_task=task_index(plan, task),
-              writes_logs=False, raw=True)
+              writes_logs=False, raw=raw)
     load_local_logs(run, run.show)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from deploy.commandline import command
 from deploy.run.follow import Event, Followers
 from deploy.run.livetensorboard import LiveTensorBoard
 from deploy.run.run import Run, RunSettings
@@ -100,7 +101,7 @@ class Watch:
         self.lost.add(hp.host.name)
         run.session.agents[hp.host.name].abandon(
             f"lost ({silence}); its tasks may still run there: "
-            f"`inv down --run {run.plan.run_id}` stops them once it answers again")
+            f"`{command('down')} --run {run.plan.run_id}` stops them once it answers again")
         for task in self.host_tasks[hp.host.name]:
             task.host_lost()
         stopping = run.failure is None and not self.ending

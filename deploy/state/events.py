@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, ContextManager, Mapping, Optional, Protocol, Tuple
 
+from deploy.commandline import command
 from deploy.host.archive import size
 from deploy.plan.checks import CheckReport, rows
 from deploy.state.envprogress import HostProgress
@@ -109,6 +110,16 @@ class CheckReported(Event):
                            if c.probe else []}
                           for c, cells in zip(report.hosts, rows(report))],
                 "problems": list(report.all_problems)}
+
+
+@dataclass(frozen=True)
+class PayloadLeftOut(Event):
+    """What of tfdeploy's own lies inside the payload and stays home (push/bundle.py)."""
+    paths: tuple[str, ...]
+
+    def text(self) -> str:
+        return (f"payload: left out {', '.join(self.paths)} (tfdeploy's own: its runs "
+                f"directory and .tfdeploy*)")
 
 
 @dataclass(frozen=True)
@@ -272,9 +283,9 @@ class Detached(Event):
         rid, flag = self.run_id, self.runs_dir_flag
         return (f"{self.why}run {rid} is running detached on {self.hosts} host(s); nothing "
                 f"was torn down.\n"
-                f"  follow it:  inv logs --run {rid} --follow{flag}\n"
-                f"  its state:  inv status --run {rid}{flag}\n"
-                f"  stop it:    inv down --run {rid}{flag}")
+                f"  follow it:  {command('logs')} --run {rid} --follow{flag}\n"
+                f"  its state:  {command('status')} --run {rid}{flag}\n"
+                f"  stop it:    {command('down')} --run {rid}{flag}")
 
 
 @dataclass(frozen=True)
@@ -286,7 +297,7 @@ class FollowStopped(Event):
 
     def text(self) -> str:
         return (f"stopped following; run {self.run_id} goes on. Stop it with: "
-                f"inv down --run {self.run_id}{self.runs_dir_flag}")
+                f"{command('down')} --run {self.run_id}{self.runs_dir_flag}")
 
 
 @dataclass(frozen=True)
@@ -526,7 +537,7 @@ class SetupPlanned(Event):
             line += f", installing from {self.wheels} file(s) of {self.wheelhouse}"
         if self.pinned:
             line += (f"\nnote: {', '.join(self.pinned)} name their own python in "
-                     f"{self.inventory}: inv train runs that, not this environment")
+                     f"{self.inventory}: {command('train')} runs that, not this environment")
         return line
 
 

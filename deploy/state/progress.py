@@ -8,6 +8,7 @@ found by a byte search, are decoded and parsed, all of them.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from deploy.host.layout import task_key, task_name
@@ -17,6 +18,17 @@ from deploy.host.protocol import FINAL_STATES, TaskStatus
 MAX_PARTIAL = 64 << 10
 # Every event line holds this key; the lines without it are never decoded.
 EVENT_KEY = b'"event"'
+# Keras' own output, for payloads that print no event lines (`model.fit(verbose=1 or 2)`):
+# `Epoch 3/5`, then the epoch's last progress line, `20/20 - 0s - loss: 0.6526 - accuracy:
+# 0.7302 - 57ms/epoch - 3ms/step` (verbose=1: `20/20 [====] - 0s 3ms/step - loss: ...`, the
+# bar redrawn with \r before it). Only lines holding one of these are decoded.
+KERAS_MARKERS = (b"Epoch ", b"loss: ")
+KERAS_EPOCH = re.compile(r"^Epoch (\d+)/(\d+)\s*$")
+KERAS_LAST_STEP = re.compile(r"^\s*(\d+)/(\1)\b(.*\bloss: .*)$")
+KERAS_METRIC = re.compile(r"\b([A-Za-z_][\w.]*): (-?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|nan|-?inf)"
+                          r"(?=\s|$)")
+KERAS_TIME = re.compile(r"\b(\d+(?:\.\d+)?)(us|ms|s)/(epoch|step)\b")
+UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
 def decoded(line: bytes) -> str:
@@ -74,6 +86,8 @@ class TaskProgress:
     role: str = "worker"             # its task type
     type_index: int | None = None    # its index among its type (None: its index, a worker)
     relaunches: int = 0              # times it was relaunched in place (a ps cluster's worker)
+    keras_epoch: int | None = None   # Keras' `Epoch N/M` header read, its end not yet
+    keras_seen: bool = False         # an epoch was read from Keras' own output
     gpu: str | None = None           # its CUDA_VISIBLE_DEVICES ("all": every GPU of its host)
     gpu_utilization: int | None = None   # % and MiB, as its host's beats last sampled them
     gpu_memory: int | None = None
@@ -154,25 +168,44 @@ class TaskProgress:
     @staticmethod
     def _event_lines(block: bytes) -> list[str]:
         """The lines of `block` that hold the event key (a byte search, not a split)."""
-        lines = []
-        at = block.find(EVENT_KEY)
-        while at >= 0:
-            start = block.rfind(b"\n", 0, at) + 1
-            end = block.find(b"\n", at)
-            lines.append(decoded(block[start:end]))
-            at = block.find(EVENT_KEY, end)
-        return lines
+        return _lines_holding(block, (EVENT_KEY,))
 
     def _observe(self, new: NewLines, lines: list[str]) -> None:
         for line in lines:
             if self.observe(line):
                 new.events.append(line)
+        if not self.speaks_events:
+            for line in _lines_holding(new.block, KERAS_MARKERS):
+                self.observe_keras(line)
+
+    def observe_keras(self, line: str) -> None:
+        """Take in Keras' epoch header or an epoch's last progress line."""
+        line = line.rsplit("\r", 1)[-1].strip()
+        header = KERAS_EPOCH.match(line)
+        if header:
+            self.keras_epoch, self.epochs_total = int(header[1]), int(header[2])
+            return
+        last = KERAS_LAST_STEP.match(line)
+        if last is None or self.keras_epoch is None:
+            return
+        metrics = {name: float(value) for name, value in KERAS_METRIC.findall(last[3])}
+        steps = int(last[1])
+        took = KERAS_TIME.search(last[3])
+        seconds = None if took is None else float(took[1]) * UNITS[took[2]] * (
+            steps if took[3] == "step" else 1)
+        self.steps_per_epoch, self.keras_seen = steps, True
+        self.epoch_ended(self.keras_epoch, metrics, seconds)
+        self.keras_epoch = None           # once per epoch, however often the line repeats
 
     def observe(self, line: str) -> bool:
-        """Take in the event `line` holds, if any; whether it held one."""
+        """Take in the event `line` holds, if any; whether it held one. Event lines win over
+        Keras' output: what was read of that is dropped at the first one."""
         event = parse_event(line)
         if not event:
             return False
+        if self.keras_seen and not self.speaks_events:
+            self.losses, self.val_losses, self.epoch_seconds = [], [], []
+            self.epoch, self.loss, self.metrics = None, None, {}
         self.speaks_events = True
         kind = event.get("event")
         if kind == "start":
@@ -186,20 +219,28 @@ class TaskProgress:
             for series in (self.losses, self.val_losses, self.epoch_seconds):
                 del series[event["epoch"]:]
         elif kind == "epoch":
-            self.first_step = True
-            self.epoch = event.get("epoch")
-            loss = event.get("loss")
-            if _is_number(loss):
-                self.loss = float(loss)
-                self.losses.append(float(loss))
-            if _is_number(event.get("val_loss")):
-                self.val_losses.append(float(event["val_loss"]))
-            if _is_number(event.get("seconds")) and event["seconds"] > 0:
-                self.epoch_seconds.append(float(event["seconds"]))
             # "seconds" is how long the epoch took, not a metric of the model.
-            self.metrics = {k: v for k, v in event.items()
-                            if k not in ("event", "task", "epoch", "seconds") and _is_number(v)}
+            self.epoch_ended(event.get("epoch"),
+                             {k: v for k, v in event.items()
+                              if k not in ("event", "task", "epoch", "seconds")
+                              and _is_number(v)},
+                             event["seconds"] if _is_number(event.get("seconds")) else None)
         return True
+
+    def epoch_ended(self, epoch, metrics: dict, seconds: float | None) -> None:
+        """An epoch's end, from an event line or Keras' output: its loss, validation loss,
+        metrics and duration."""
+        self.first_step = True
+        self.epoch = epoch
+        loss = metrics.get("loss")
+        if _is_number(loss):
+            self.loss = float(loss)
+            self.losses.append(float(loss))
+        if _is_number(metrics.get("val_loss")):
+            self.val_losses.append(float(metrics["val_loss"]))
+        if seconds is not None and seconds > 0:
+            self.epoch_seconds.append(float(seconds))
+        self.metrics = metrics
 
     @property
     def steps_per_second(self) -> float | None:
@@ -218,6 +259,32 @@ class TaskProgress:
         if not self.epochs_total or self.epoch is None or not recent:
             return None
         return max(0, self.epochs_total - self.epoch) * sum(recent) / len(recent)
+
+
+# What a run whose tasks printed no epoch says at its end, and `inv plot` of it.
+NO_EPOCHS = ("no task printed its epochs, so there is no epoch, loss or loss.png to show: print "
+             "Keras' own progress (model.fit(..., verbose=2)) or tfdeploy's event lines "
+             "(README: Writing a payload)")
+
+
+def told_epochs(tasks: list[TaskProgress]) -> bool:
+    """Whether any task said how its epochs went (event lines, or Keras' output)."""
+    return any(t.speaks_events or t.keras_seen for t in tasks)
+
+
+def _lines_holding(block: bytes, markers: tuple[bytes, ...]) -> list[str]:
+    """The lines of `block` that hold any of `markers`, in order, each once (a byte search,
+    not a split)."""
+    starts = set()
+    for marker in markers:
+        at = block.find(marker)
+        while at >= 0:
+            start = block.rfind(b"\n", 0, at) + 1
+            starts.add(start)
+            end = block.find(b"\n", at)
+            at = block.find(marker, end) if end >= 0 else -1
+    return [decoded(block[start:block.find(b"\n", start) if block.find(b"\n", start) >= 0
+                          else len(block)]) for start in sorted(starts)]
 
 
 def _is_number(value) -> bool:

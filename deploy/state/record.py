@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploy.commandline import command
 from deploy.errors import BadInput
 from deploy.host.layout import RUN_ID
 from deploy.host.rundir import write_atomic
@@ -277,7 +278,7 @@ def find_run(runs_dir: Path, run_id: str | None,
             return runs_dir / matches[0]
         if matches:
             raise RecordError(f"run {run_id!r} is ambiguous in {runs_dir}: {', '.join(matches)}")
-        raise RecordError(f"no run {run_id!r} in {runs_dir} (see: inv runs --runs-dir {runs_dir})")
+        raise RecordError(f"no run {run_id!r} in {runs_dir} (see: {command('runs')} --runs-dir {runs_dir})")
     if not records:
         raise RecordError(f"no runs recorded in {runs_dir}")
     return runs_dir / records[-1].run_id

@@ -255,6 +255,8 @@ def _connect(login: Connection, hop: Hop, where: str,
         raise LoginFailed(f"{where}: no answer on port {hop.port} "
                           f"(timed out) — host down or firewalled?") from None
     except paramiko.SSHException as exc:
+        if "protocol banner" in str(exc) and "sock" not in login.connect_kwargs:
+            raise LoginFailed(f"{where}: port {hop.port} {not_ssh(hop)}") from None
         if "No authentication methods" not in str(exc):
             through = f" through the ProxyCommand {hop.proxy_command!r}" if (
                 hop.proxy_command) else ""
@@ -266,6 +268,25 @@ def _connect(login: Connection, hop: Hop, where: str,
     except OSError as exc:
         raise LoginFailed(f"{where}: cannot connect to port {hop.port}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def not_ssh(hop: Hop, timeout: float = 3.0) -> str:
+    """What a port that answered but spoke no SSH says, asked once more: its first line (an
+    SSH server sends its banner first; a web server answers the banner it is sent)."""
+    try:
+        with socket.create_connection((hop.hostname, hop.port), timeout=timeout) as sock:
+            sock.sendall(b"SSH-2.0-tfdeploy\r\n")
+            said = b""
+            while b"\n" not in said and len(said) < 256:
+                piece = sock.recv(256)
+                if not piece:
+                    break
+                said += piece
+    except OSError as exc:
+        return f"speaks no SSH (asked again: {exc.strerror or exc})"
+    first = said.split(b"\n", 1)[0].strip().decode("ascii", "replace")[:80]
+    return f"speaks no SSH: got {first!r}" if first else "speaks no SSH: it closed the " \
+        "connection without a word"
 
 
 def _scan_from(hops: list[Hop]) -> str:

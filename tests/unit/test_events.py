@@ -30,7 +30,7 @@ def samples() -> list[ev.Event]:
     """One event of every kind a run or a check emits with plain fields."""
     return [
         ev.RunPlanned("r1", 2, 1), ev.HostsChecked(2, 0.4), ev.RecordsAt("runs/r1"),
-        ev.GpusPlaced((("h1", (0, 2)),)),
+        ev.GpusPlaced((("h1", (0, 2)),)), ev.PayloadLeftOut(("runs/",)),
         ev.Pushed("payload: 1 of 4 file(s) changed (1 B) → 1 of 1 host(s)"),
         ev.TasksStarted(2, 0.1, ("127.0.0.1:1", "127.0.0.1:2")),
         ev.TaskOutput("worker-0", 0, "h1", 3, NewLines(b"a\n\x1b[2Jb\n"), False),

@@ -1,0 +1,126 @@
+"""What a newcomer's own project meets: Keras' own output read as epochs (state/progress.py),
+tfdeploy's own files never pushed with `--payload .` (push/bundle.py), a missing entry named
+with what is there, TensorFlow's continuation lines hidden, the check readable at 80 columns.
+Pure: text and files in tmp_path."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from deploy.console.checkview import report_view
+from deploy.console.lines import is_tensorflow_chatter
+from deploy.host.protocol import Probe
+from deploy.inventory.model import Host
+from deploy.plan.checks import CheckReport, HostCheck
+from deploy.push.bundle import BundleError, checked_payload, left_out_of, payload_files
+from deploy.state.progress import TaskProgress, told_epochs
+
+# tf_keras 2.21's model.fit(verbose=2), then verbose=1 (its bar redrawn with \r and \b).
+VERBOSE_2 = """Epoch 1/3
+16/16 - 0s - loss: 0.7930 - accuracy: 0.4688 - val_loss: 0.7434 - val_accuracy: 0.4219 - 460ms/epoch - 29ms/step
+Epoch 2/3
+16/16 - 0s - loss: 0.7325 - accuracy: 0.4531 - val_loss: 0.6963 - val_accuracy: 0.5547 - 33ms/epoch - 2ms/step
+Epoch 3/3
+16/16 - 0s - loss: 0.6912 - accuracy: 0.5469 - val_loss: 0.6801 - val_accuracy: 0.5625 - 35ms/epoch - 2ms/step
+"""
+VERBOSE_1 = ("Epoch 1/2\n"
+             "\r 1/16 [>.....] - ETA: 3s - loss: 0.7151 - accuracy: 0.3438\x08\x08\x08"
+             "\r16/16 [======] - 1s 5ms/step - loss: 0.6900 - accuracy: 0.5000\n"
+             "Epoch 2/2\n"
+             "\r 1/16 [>.....] - ETA: 0s - loss: 0.6500 - accuracy: 0.6000"
+             "\r16/16 [======] - 0s 2ms/step - loss: 0.6400 - accuracy: 0.6100 - val_loss: "
+             "0.6300 - val_accuracy: 0.6200\n")
+
+
+def fed(text: str, pieces: int = 1) -> TaskProgress:
+    task = TaskProgress(0, "local")
+    data = text.encode()
+    step = max(1, len(data) // pieces)
+    for at in range(0, len(data), step):
+        task.replay(data[at:at + step])
+    return task
+
+
+def test_keras_verbose_2_gives_epochs_losses_and_metrics():
+    for pieces in (1, 7, 50):                  # however the log arrives in chunks
+        task = fed(VERBOSE_2, pieces)
+        assert (task.epoch, task.epochs_total, task.steps_per_epoch) == (3, 3, 16)
+        assert task.losses == [0.793, 0.7325, 0.6912] and task.val_losses == [0.7434, 0.6963,
+                                                                              0.6801]
+        assert task.metrics == {"loss": 0.6912, "accuracy": 0.5469, "val_loss": 0.6801,
+                                "val_accuracy": 0.5625}
+        assert task.epoch_seconds == [0.46, 0.033, 0.035] and task.eta_seconds == 0
+        assert told_epochs([task])
+
+
+def test_keras_verbose_1_reads_the_last_redraw_of_each_epoch():
+    task = fed(VERBOSE_1)
+    assert task.losses == [0.69, 0.64] and task.epoch == 2 and task.val_losses == [0.63]
+    assert task.epoch_seconds == [16 * 0.005, 16 * 0.002]
+
+
+def test_event_lines_win_over_keras_output():
+    events = "\n".join(json.dumps(e) for e in (
+        {"event": "start", "epochs": 3},
+        {"event": "epoch", "epoch": 1, "loss": 9.0}))
+    task = fed(VERBOSE_2.split("Epoch 2/3")[0] + events + "\n" + VERBOSE_2)
+    assert task.losses == [9.0] and task.epochs_total == 3 and task.speaks_events
+
+
+def test_a_script_that_prints_no_epochs_is_told_apart():
+    task = fed("hello\nloss: not a number line\n16/16 - 0s - loss: 0.5\n")
+    assert task.losses == [] and not told_epochs([task])
+
+
+def test_tfdeploys_own_files_stay_home(tmp_path):
+    (tmp_path / "fit.py").write_text("print(1)\n")
+    (tmp_path / ".tfdeployignore").write_text("*.tmp\n")
+    (tmp_path / "runs" / "20261204-1").mkdir(parents=True)
+    (tmp_path / "runs" / "20261204-1" / "worker-0.log").write_text("x\n")
+    (tmp_path / ".tfdeploy-cache").mkdir()
+    (tmp_path / ".tfdeploy-cache" / "f").write_text("x\n")
+    left = left_out_of(tmp_path, tmp_path / "runs")
+    assert [p.name for p in left] == [".tfdeploy-cache", "runs"]
+    files = [f.as_posix() for f in checked_payload(tmp_path, "fit.py", tmp_path / "runs")]
+    assert files == [".tfdeployignore", "fit.py"]
+    # A runs directory elsewhere leaves a payload's own `runs/` alone: it is the user's.
+    assert "runs/20261204-1/worker-0.log" in [
+        f.as_posix() for f in payload_files(tmp_path, left_out=left_out_of(tmp_path, None))]
+
+
+def test_a_missing_entry_names_the_flag_and_the_scripts_there(tmp_path):
+    for name in ("fit.py", "prepare.py"):
+        (tmp_path / name).write_text("\n")
+    with pytest.raises(BundleError) as refused:
+        checked_payload(tmp_path, "train.py")
+    assert str(refused.value) == (f"entry script 'train.py' not found in payload {tmp_path} "
+                                  f"(its scripts: fit.py, prepare.py): name the script to run "
+                                  f"with --entry")
+
+
+def test_tensorflows_continuation_lines_are_chatter():
+    assert is_tensorflow_chatter("/job:worker/replica:0/task:1")
+    assert is_tensorflow_chatter("/job:worker/replica:0/task:0/device:CPU:0")
+    assert not is_tensorflow_chatter("/job:worker is what I called my job")
+
+
+def test_the_check_at_80_columns_keeps_every_cell_whole():
+    hosts = []
+    for n in range(2):
+        check = HostCheck(Host(name=f"gpu-server-{n}", address=f"10.20.30.{n}"))
+        check.probe = Probe("3.11.2", "/usr/bin/python3", {"tensorflow": "2.21.0",
+                                                           "tf_keras": "2.21.0",
+                                                           "numpy": "2.4.6"},
+                            "/", 75 << 30, True, (40001, 40002), True)
+        hosts.append(check)
+    console = Console(file=io.StringIO(), width=80, record=True, color_system=None)
+    console.print(report_view(CheckReport(hosts)))
+    text = console.export_text()
+    assert "gpu-server-0\n  address: 10.20.30.0\n  python: 3.11.2" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    wide = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+    wide.print(report_view(CheckReport(hosts)))
+    assert "│ gpu-server-0 │ 10.20.30.0 │ 3.11.2 │" in wide.export_text()
