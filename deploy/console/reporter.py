@@ -88,6 +88,8 @@ def _run_summary(reporter: ConsoleReporter, event: ev.RunSummary) -> None:
         say(console, line, "bold red" if event.teardown_problems else "green")
     for line in event.file_lines():          # paths and commands, for copying: never wrapped
         say(console, line, soft_wrap=True)
+    if event.hint:
+        say(console, f"note: {event.hint}", "yellow")
 
 
 def _setup_done(reporter: ConsoleReporter, event: ev.SetupDone) -> None:

@@ -16,7 +16,7 @@ from deploy.run.signals import (
 )
 from deploy.state import lifetime, localdir
 from deploy.state.events import (
-    ArchiveNote, PlotFailed, Reporter, RunNote, RunSummary, TeardownAbandoned, snapshot
+    ArchiveNote, PlotFailed, Reporter, RunSummary, TeardownAbandoned, snapshot
 )
 from deploy.state.progress import NO_EPOCHS, TaskProgress, losses_agree, told_epochs
 from deploy.state.record import RecordError, RunState, load_record, write_json
@@ -71,13 +71,13 @@ def finish(run: Run, how: str) -> int:
              Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
         run.set_state(state, exit_code=code, ended=time.time())
+    told = told_epochs(run.tasks) or not any(t.state == "exited" for t in run.tasks)
     reporter.emit(RunSummary(
         plan.run_id, code, tuple(snapshot(t) for t in run.tasks), wall_time,
         losses_agree(run.tasks), tuple(problems), len(plan.hosts),
         str(local_dir / localdir.SUMMARY), artifacts, str(local_dir / localdir.ARTIFACTS),
-        None if plot is None else str(plot), None if tensorboard is None else str(tensorboard)))
-    if not told_epochs(run.tasks) and any(t.state == "exited" for t in run.tasks):
-        reporter.emit(RunNote(plan.run_id, NO_EPOCHS))
+        None if plot is None else str(plot), None if tensorboard is None else str(tensorboard),
+        None if told else NO_EPOCHS))
     return code
 
 

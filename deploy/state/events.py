@@ -416,6 +416,7 @@ class RunSummary(Event):
     artifacts_dir: Optional[str] = None
     loss_plot: Optional[str] = None
     tensorboard: Optional[str] = None
+    hint: Optional[str] = None         # what the run's view lacked, and how to have it
 
     def teardown_lines(self) -> list[str]:
         if self.teardown_problems:
@@ -435,7 +436,8 @@ class RunSummary(Event):
         return lines
 
     def text(self) -> str:
-        return "\n".join(self.teardown_lines() + self.file_lines())
+        return "\n".join(self.teardown_lines() + self.file_lines() +
+                         ([f"note: {self.hint}"] if self.hint else []))
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,9 @@ def test_logs_follow_json_takes_a_detached_run_to_its_summary(tmp_path):
         assert docs[-1]["event"] == "run_summary" and docs[-1]["exit_code"] == 0
         lines = [line for d in docs if d["event"] == "task_output" for line in d["lines"]]
         assert sum('"event": "epoch"' in line for line in lines) == 6     # each line once
-        # One task's log, named as its log file is.
-        one = inv("logs", "--run", run_id, "--task", "worker-1", "--runs-dir", str(runs))
+        # One task's log, named as its log file is, every line as written.
+        one = inv("logs", "--run", run_id, "--task", "worker-1", "--verbose", "--runs-dir",
+                  str(runs))
         assert one.returncode == 0, one.stdout + one.stderr
         assert one.stdout.count("[worker-1 local]") == 4 and "worker-0" not in one.stdout
     finally:

@@ -120,7 +120,7 @@ def test_detach_status_and_logs_follow_complete_the_run(lab, tmp_path):
         # An ended run is shown from its local records; `down` has nothing left to do.
         ended = inv("status", "--run", run_id, "--runs-dir", str(runs))
         assert ended.returncode == 0 and ended.stdout.count("│ exit 0 │") == 2, ended.stdout
-        again = inv("logs", "--run", run_id, "--runs-dir", str(runs))
+        again = inv("logs", "--run", run_id, "--verbose", "--runs-dir", str(runs))
         assert again.returncode == 0 and again.stdout.count('"epoch": 6,') == 2
         assert "has ended" in again.stdout
         summary_before = (runs / run_id / "summary.json").read_text()

@@ -102,11 +102,15 @@ def test_a_terminal_shows_the_table_and_the_summary_but_no_tensorflow_chatter(tm
     assert (image[..., :3] < 0.95).any(axis=-1).mean() > 0.01
     assert wait_until_gone(run_dir.name, timeout=5) == []
 
-    # `inv plot` draws it again from the local logs; plain `inv logs` prints them raw.
+    # `inv plot` draws it again from the local logs; `inv logs` shows them as `train` did,
+    # and with --verbose as written.
     (run_dir / "loss.png").unlink()
     code, screen = run_on_terminal(["plot", "--runs-dir", str(runs)])
     assert code == 0 and imread(run_dir / "loss.png").shape[1] >= 200, screen
     code, screen = run_on_terminal(["logs", "--runs-dir", str(runs)])
+    assert code == 0 and "epoch 3/3" in screen and '"event"' not in screen, screen
+    assert not CPP_ANYWHERE.search(screen), screen
+    code, screen = run_on_terminal(["logs", "--runs-dir", str(runs), "--verbose"])
     assert code == 0 and '"event": "epoch"' in screen, screen
 
 
