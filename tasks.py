@@ -61,6 +61,9 @@ def task(**kwargs):
     return invoke_task(auto_shortflags=False, **kwargs)
 
 
+# Lines --tail shows at most per task.
+MAX_TAIL = 1_000_000
+
 HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
               "inventory: two workers on localhost)")
 
@@ -436,18 +439,22 @@ def status(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_key
                              "training step before the run is torn down (default: 0, off)",
             "lost_after": "with --follow: " + LOST_AFTER_HELP,
             "verbose": VERBOSE_HELP,
+            "tail": "of the local copy, print only each task's last N lines (read from the end "
+                    "of the log: at once, whatever its size)",
             "max_fetch": "with --follow: " + MAX_FETCH_HELP,
             "json": JSON_HELP})
 def logs(c, run="", follow=False, task=None, runs_dir="runs", connect_timeout="10",
          accept_new_host_keys=False, start_timeout="0", verbose=False, lost_after="10",
-         max_fetch="", json=False):
+         max_fetch="", json=False, tail=""):
     """Print a run's logs; with --follow, reattach until the run ends.
 
     First the local copy, then what the hosts wrote since (nothing twice); the local copy
     is completed on the way."""
+    last = None if tail == "" else count("--tail", tail, MAX_TAIL)
+
     def action(reporter, settings):
         only = None if task is None else str(task)
-        return show_logs(Path(runs_dir), run or None, follow, only, settings, reporter)
+        return show_logs(Path(runs_dir), run or None, follow, only, settings, reporter, last)
     run_task(action, connect_timeout, accept_new_host_keys, json,
              start_timeout=start_timeout, verbose=verbose, lost_after=lost_after,
              max_fetch=max_fetch)
@@ -488,7 +495,7 @@ VALUES = {"--connect-timeout": "SECONDS", "--grace": "SECONDS", "--start-timeout
           "--lost-after": "SECONDS", "--older-than": "DAYS", "--restarts": "N",
           "--max-fetch": "SIZE", "--task": "NAME|N", "--hosts": "FILE", "--payload": "DIR",
           "--entry": "SCRIPT", "--runs-dir": "DIR", "--run": "RUN_ID", "--wheelhouse": "DIR",
-          "--args": "'ARGS'"}
+          "--args": "'ARGS'", "--tail": "N"}
 
 
 class TfdeployProgram(Program):

@@ -13,6 +13,7 @@ from pathlib import Path
 from deploy.commandline import command
 from deploy.errors import Failure
 from deploy.inventory.model import Inventory
+from deploy.console.lines import shown_line
 from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
 from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import HungUp, exit_code
@@ -22,7 +23,7 @@ from deploy.state import localdir
 from deploy.state.events import (
     FollowStopped, RecordDamaged, Reporter, RunNote, RunStatus, RunsListed, listed, snapshot
 )
-from deploy.state.progress import NO_EPOCHS, told_epochs
+from deploy.state.progress import NO_EPOCHS, NewLines, told_epochs
 from deploy.state.record import (
     RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, load_record,
     read_records
@@ -96,14 +97,15 @@ def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
 
 
 def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
-         settings: RunSettings, reporter: Reporter) -> int:
+         settings: RunSettings, reporter: Reporter, tail: int | None = None) -> int:
     """The local copy, then what the hosts have beyond it; with `follow`, on to the end of
     the run and its end-of-run work. `task`: only that task's lines (`--task`, its index or
-    its name)."""
+    its name). `tail`: of the local copy, only each task's last lines (read from the end of
+    the file: a log of gigabytes costs what its last lines take)."""
     local_dir = find_run(runs_dir, run_id, _readable(runs_dir, reporter))
     record = load_record(local_dir)
     if not record.state.active:
-        _show_local(record, local_dir, reporter, task, settings.verbose)
+        _show_local(record, local_dir, reporter, task, settings.verbose, tail)
         reporter.emit(RunNote(record.run_id, f"run {record.run_id} has ended "
                                              f"({_describe(record)}): the logs above are complete"))
         return 0
@@ -115,7 +117,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
     lock = FollowLock(local_dir)
     if not lock.acquire() and not follow:
         # The controller following the run keeps the local copy current: show that.
-        _show_local(record, local_dir, reporter, task, settings.verbose)
+        _show_local(record, local_dir, reporter, task, settings.verbose, tail)
         return 0
     if lock.file is None:
         raise RecordError(f"run {record.run_id} is being followed by another controller "
@@ -127,7 +129,19 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
         run.raw = settings.verbose
         how = Finish.DONE
         try:
-            load_local_logs(run, run.show)
+            if tail is not None and not follow:
+                # Only the end is shown: the hosts' new bytes are added to the local copy
+                # without reading what it holds, then its last lines are shown.
+                for t in run.tasks:
+                    log = localdir.task_log(local_dir, t.name)
+                    t.offset = t.size = log.stat().st_size if log.exists() else 0
+                run.catch_up(print_lines=False)
+                run.close()
+                _show_tail(run, tail)
+                return 0
+            load_local_logs(run, None if tail is not None else run.show)
+            if tail is not None:
+                _show_tail(run, tail)
             if not follow:
                 run.catch_up()
                 run.close()
@@ -192,11 +206,44 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
 
 
 def _show_local(record: RunRecord, local_dir: Path, reporter: Reporter,
-                task: str | None, raw: bool) -> None:
+                task: str | None, raw: bool, tail: int | None = None) -> None:
     plan = record.plan(str(local_dir / RECORD_FILE))
     run = Run(plan, None, local_dir, reporter, only_task=task_index(plan, task),
               writes_logs=False, raw=raw)
-    load_local_logs(run, run.show)
+    if tail is None:
+        load_local_logs(run, run.show)
+    else:
+        _show_tail(run, tail)
+
+
+def _show_tail(run: Run, count: int) -> None:
+    """Each task's last `count` lines as the console shows them (with --verbose, as written),
+    read from the end of its local log."""
+    for task in run.tasks:
+        path = localdir.task_log(run.dir, task.name)
+        if path.exists():
+            run.show(task, NewLines(b"".join(last_shown(path, count, run.raw))))
+
+
+def last_shown(path: Path, count: int, raw: bool, piece: int = 1 << 16,
+               most: int = 64 << 20) -> list[bytes]:
+    """The last `count` lines of the file that the console would show (raw: any line), read
+    backwards in pieces, at most `most` bytes: a log of gigabytes costs what its end takes."""
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        start, data = end, b""
+        while True:
+            lines = data.split(b"\n")
+            whole = lines[1:] if start > 0 else lines     # the first may be cut
+            kept = [line + b"\n" for line in whole if line and (
+                raw or shown_line(line.decode("utf-8", "replace")) is not None)]
+            if len(kept) >= count or start == 0 or end - start >= most:
+                return kept[-count:] if count else []
+            step = min(piece, start)
+            start -= step
+            f.seek(start)
+            data = f.read(step) + data
+            piece *= 2
 
 
 def _describe(record: RunRecord) -> str:

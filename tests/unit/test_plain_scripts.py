@@ -124,3 +124,21 @@ def test_the_check_at_80_columns_keeps_every_cell_whole():
     wide = Console(file=io.StringIO(), width=200, record=True, color_system=None)
     wide.print(report_view(CheckReport(hosts)))
     assert "│ gpu-server-0 │ 10.20.30.0 │ 3.11.2 │" in wide.export_text()
+
+
+def test_a_logs_last_lines_are_read_from_its_end(tmp_path):
+    """`logs --tail N`: the last N lines the console would show, read backwards in pieces
+    (a piece of 8 bytes here, so that lines span pieces), chatter skipped unless raw."""
+    from deploy.run.reattach import last_shown
+    log = tmp_path / "worker-0.log"
+    lines = [f"line {n}" for n in range(50)]
+    lines[47] = "I0000 00:00:1796281974.746382  1198 port.cc:153] oneDNN custom operations"
+    log.write_text("\n".join(lines) + "\n")
+    assert last_shown(log, 3, raw=False, piece=8) == [b"line 46\n", b"line 48\n", b"line 49\n"]
+    assert last_shown(log, 3, raw=True, piece=8)[0].startswith(b"I0000")
+    assert len(last_shown(log, 500, raw=True, piece=8)) == 50
+    assert last_shown(log, 0, raw=True) == []
+    cut = tmp_path / "cut.log"
+    cut.write_text("first\nsecond\nno newline yet")
+    assert last_shown(cut, 2, raw=True, piece=4) == [b"second\n", b"no newline yet\n"]
+    assert last_shown(log, 2, raw=True, most=16) == [b"line 48\n", b"line 49\n"]
