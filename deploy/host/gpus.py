@@ -335,8 +335,10 @@ def place(want, run_id, allow_busy, pids):
         if _take(gpu["uuid"], run_id, pids):
             taken.append(gpu["index"])
     if not taken or len(taken) < count:
-        busy = ["GPU %d %s" % (g["index"], reason(g)) for g in gpus
-                if g["index"] not in taken and reason(g)]
+        # Asked again now (a lease file read per GPU, once): a run at the same moment may
+        # have taken what was free a moment ago.
+        busy = ["GPU %d %s" % (g["index"], why) for g in gpus
+                if g["index"] not in taken and (why := reason(g))]
         return give_back("%s GPU(s) wanted, %d free of %d%s" % (
             "free" if want == "free" else count, len(taken), len(gpus),
             ": " + "; ".join(busy) if busy else ""))
