@@ -47,7 +47,10 @@ from deploy.run.reattach import list_runs
 from deploy.run.reattach import logs as show_logs
 from deploy.run.reattach import plot as draw_plot
 from deploy.run.reattach import status as show_status
+from deploy.run.finish import runs_dir_flag
 from deploy.run.run import RunSettings
+from deploy.run.submitted import given_run_id
+from deploy.run.submitted import submit as submit_run
 from deploy.run.envsetup import requirements_hash
 from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
@@ -65,7 +68,8 @@ def task(**kwargs):
 MAX_TAIL = 1_000_000
 
 HOSTS_HELP = ("inventory file (default: ./hosts.yaml; where there is none, the built-in "
-              "inventory: two workers on localhost)")
+              "inventory: two workers on localhost), or slurm: the nodes of the Slurm "
+              "allocation it runs in")
 
 SSH_HELP = {
     "connect_timeout": "seconds to wait for each SSH connection (default: 10; 0: no limit)",
@@ -196,8 +200,8 @@ def duration(flag: str, value: str) -> float:
             from None
 
 
-def inventory(console: Console, hosts: str) -> Inventory:
-    chosen, note = chosen_inventory(hosts)
+def inventory(console: Console, hosts: str, dry_run: bool = False) -> Inventory:
+    chosen, note = chosen_inventory(hosts, dry_run)
     if note:
         console.print(note, style="yellow")
     for warning in public_warnings(chosen):
@@ -236,11 +240,12 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     "verbose": VERBOSE_HELP,
     "max_fetch": MAX_FETCH_HELP,
     "json": JSON_HELP,
+    "run_id": f"the run's id, as {command('submit')}'s batch job gives it (default: a new one)",
 })
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
           start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False,
-          lost_after="10", max_fetch="", json=False, allow_busy_gpus=False):
+          lost_after="10", max_fetch="", json=False, allow_busy_gpus=False, run_id=""):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -252,7 +257,7 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     with reported(console):
         # Every flag is read before anything else, the dry run's included: a dry run refuses
         # what the real run would.
-        chosen = inventory(console, hosts)
+        chosen = inventory(console, hosts, dry_run)
         settings = RunSettings(runs_dir=Path(runs_dir),
                                connect_timeout=seconds("--connect-timeout", connect_timeout),
                                accept_new_host_keys=accept_new_host_keys,
@@ -262,7 +267,8 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                restarts=count("--restarts", restarts, MAX_RESTARTS),
                                detach=detach, verbose=verbose,
                                fetch_limits=fetch_limits("--max-fetch", max_fetch),
-                               allow_busy_gpus=allow_busy_gpus)
+                               allow_busy_gpus=allow_busy_gpus,
+                               run_id=given_run_id(Path(runs_dir), run_id) if run_id else None)
         if detach and settings.restarts:
             raise BadInput("--restarts needs the controller that relaunches the run: it "
                            "cannot be combined with --detach")
@@ -280,6 +286,60 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                           end="", soft_wrap=True)
             return
         code = run_training(chosen, options, settings, reporter)
+    exit_with(code)
+
+
+# train's flags that a submitted run passes on to the train inside its batch job.
+SUBMITTED_TRAIN_FLAGS = ("payload", "entry", "args", "grace", "start_timeout", "lost_after",
+                         "restarts", "max_fetch")
+
+
+@task(help={
+    "nodes": "how many nodes the job asks Slurm for: one worker on each (required)",
+    "gpus_per_node": "GPUs per node ([type:]G): a worker per GPU",
+    "time": "the job's time limit, as sbatch takes it (90, 1:30:00, 2-12)",
+    "partition": "the Slurm partition to queue in (default: the cluster's)",
+    "account": "the Slurm account to charge (default: yours)",
+    "payload": "directory each task runs in, on the filesystem the nodes share (default: "
+               "payload/)",
+    "entry": "script inside the payload that each task runs (default: train.py)",
+    "args": "arguments for the script, split like a shell would, e.g. \"--epochs 5\"",
+    "runs_dir": "where the run's records go, on the filesystem the nodes share: the batch "
+                "script, the job's output, logs, summary.json, artifacts (default: runs/)",
+    "grace": "seconds between SIGTERM and SIGKILL when stopping tasks (default: 3)",
+    "start_timeout": "seconds for every task to reach its first training step (default: 120)",
+    "lost_after": LOST_AFTER_HELP,
+    "restarts": "when a task fails, relaunch every task from the chief's backup, up to N times",
+    "no_check": "skip the checks before starting (versions, disk, ports, TCP mesh)",
+    "verbose": VERBOSE_HELP,
+    "max_fetch": MAX_FETCH_HELP,
+})
+def submit(c, nodes="", gpus_per_node="", time="", partition="", account="",
+           payload="payload", entry="train.py", args="", runs_dir="runs", grace="3",
+           start_timeout="120", lost_after="10", restarts="0", no_check=False, verbose=False,
+           max_fetch=""):
+    """Queue a run on Slurm: a batch job that runs `inv train --hosts slurm` in its allocation.
+
+    Writes the batch script under runs/<id>/, submits it with sbatch, prints the job's id and
+    the run's, and returns. `inv runs`, `status`, `logs --follow` and `down` (scancel) know
+    the run from then on."""
+    console, reporter = console_and_reporter(False)
+    with reported(console):
+        if not nodes:
+            raise BadInput("--nodes is required: how many nodes the job asks Slurm for")
+        given = {"payload": str(Path(payload).resolve()), "entry": entry, "args": args,
+                 "grace": str(seconds("--grace", grace)),
+                 "start_timeout": str(seconds("--start-timeout", start_timeout)),
+                 "lost_after": str(seconds("--lost-after", lost_after)),
+                 "restarts": str(count("--restarts", restarts, MAX_RESTARTS)),
+                 "max_fetch": max_fetch and str(fetch_limits("--max-fetch", max_fetch).bytes)}
+        train_args = [word for flag in SUBMITTED_TRAIN_FLAGS if given[flag]
+                      for word in ("--" + flag.replace("_", "-"), given[flag])]
+        train_args += ["--no-check"] * no_check + ["--verbose"] * verbose
+        code = submit_run(Path(runs_dir), Path(payload), entry, count("--nodes", nodes),
+                          tuple(train_args), reporter, runs_dir_flag(Path(runs_dir)),
+                          gpus_per_node=gpus_per_node, time=time, partition=partition,
+                          account=account)
     exit_with(code)
 
 
@@ -495,7 +555,9 @@ VALUES = {"--connect-timeout": "SECONDS", "--grace": "SECONDS", "--start-timeout
           "--lost-after": "SECONDS", "--older-than": "DAYS", "--restarts": "N",
           "--max-fetch": "SIZE", "--task": "NAME|N", "--hosts": "FILE", "--payload": "DIR",
           "--entry": "SCRIPT", "--runs-dir": "DIR", "--run": "RUN_ID", "--wheelhouse": "DIR",
-          "--args": "'ARGS'", "--tail": "N"}
+          "--args": "'ARGS'", "--tail": "N", "--run-id": "RUN_ID", "--nodes": "N",
+          "--gpus-per-node": "[TYPE:]G", "--time": "LIMIT", "--partition": "NAME",
+          "--account": "NAME"}
 
 
 class TfdeployProgram(Program):

@@ -6,12 +6,16 @@ import os
 
 from deploy.inventory import openssh
 from deploy.inventory.model import Host, Inventory
+from deploy.inventory.slurm import srun_argv
 from deploy.inventory.sshconfig import Hop
 
 
 def login_document(host: Host) -> dict:
     if host.transport == "local":
         return {"name": host.name, "transport": "local"}
+    if host.transport == "slurm":
+        return {"name": host.name, "transport": "slurm", "job": host.slurm_job,
+                "srun": srun_argv(host), "cluster_address": host.tf_address.text}
     hop = host.ssh
     return {
         "name": host.name, "hostname": hop.hostname, "user": user_of(hop), "port": hop.port,
@@ -44,6 +48,11 @@ def login_text(inventory: Inventory) -> str:
     for doc in login_documents(inventory):
         if doc.get("transport") == "local":
             lines.append(f"{doc['name']}: local (no SSH)")
+            continue
+        if doc.get("transport") == "slurm":
+            lines += [f"{doc['name']}: a step of Slurm job {doc['job']} (no SSH)",
+                      f"    {' '.join(doc['srun'])}",
+                      f"    cluster address: {doc['cluster_address']}"]
             continue
         lines.append(f"{doc['name']}: ssh {doc['user']}@{doc['hostname']}:{doc['port']}")
         route = (f"via {' -> '.join(doc['jump'])}" if doc["jump"] else

@@ -73,6 +73,7 @@ class Host:
     # Resolved through the ssh config when the inventory is loaded (see sshconfig.py).
     target: Hop | None = None
     via: tuple[Hop, ...] = ()        # gateways, first hop first
+    slurm_job: str = ""              # transport slurm: the allocation's job id (slurm.py)
 
     @property
     def ssh(self) -> Hop:

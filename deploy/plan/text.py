@@ -8,6 +8,7 @@ import json
 
 from deploy.commandline import command
 from deploy.inventory.model import Host
+from deploy.inventory.slurm import srun_argv
 from deploy.plan.planner import HOST_KEY_SHOWN, HostPlan, RunPlan, agent_command
 
 
@@ -80,8 +81,9 @@ def plan_text(plan: RunPlan) -> str:
     lines.append("cluster: " + json.dumps(tasks[0].tf_config["cluster"], separators=(",", ":")))
     for hp in plan.hosts:
         host = hp.host
-        where = ("local subprocesses" if host.transport == "local"
-                 else f"ssh {ssh_route(host)}")
+        where = {"local": "local subprocesses",
+                 "slurm": " ".join(srun_argv(host))}.get(host.transport,
+                                                         f"ssh {ssh_route(host)}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
                   f"  agent:  {agent_command(host).shown()}",
                   f"  push:   {hp.push.shown()}", f"  ports:  {hp.ports.shown()}"]

@@ -75,7 +75,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
 def prepare(inventory: Inventory, options: Options, settings: RunSettings,
             reporter: Reporter) -> Prepared:
     walked = refuse_bad_input(inventory, options, settings.runs_dir)
-    run_id = new_run_id()
+    run_id = settings.run_id or new_run_id()
     payload = PayloadPush(Path(options.payload), options.entry, run_id,
                           hash_cache=settings.runs_dir / "payload-hashes.json",
                           walked=walked.payload)

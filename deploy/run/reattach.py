@@ -6,22 +6,25 @@ fresh launch (watch.py, finish.py), so a reattached run ends exactly like one ne
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 from deploy.commandline import command
-from deploy.errors import Failure
+from deploy.errors import BadInput, Failure
 from deploy.inventory.model import Inventory
 from deploy.console.lines import shown_line
 from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
 from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import HungUp, exit_code
+from deploy.run.submitted import cancel, job, queued_row, show_output, shown_with_job, submitted_job
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.events import (
-    FollowStopped, RecordDamaged, Reporter, RunNote, RunStatus, RunsListed, listed, snapshot
+    FollowStopped, RecordDamaged, Reporter, RunListed, RunNote, RunStatus, RunsListed, listed,
+    snapshot
 )
 from deploy.state.progress import NO_EPOCHS, NewLines, told_epochs
 from deploy.state.record import (
@@ -32,8 +35,25 @@ from deploy.state.record import (
 
 def list_runs(runs_dir: Path, reporter: Reporter) -> int:
     records = _readable(runs_dir, reporter)
-    reporter.emit(RunsListed(str(runs_dir), tuple(listed(r) for r in records)))
+    rows = [_listed(runs_dir / r.run_id, r) for r in records]
+    recorded = {r.run_id for r in records}
+    for local_dir in sorted(runs_dir.glob(f"*/{localdir.SLURM_JOB}")):
+        local_dir = local_dir.parent
+        if local_dir.name not in recorded:
+            try:
+                rows.append(queued_row(local_dir, *submitted_job(local_dir)))
+            except BadInput as exc:
+                reporter.emit(RecordDamaged(str(exc)))
+    rows.sort(key=lambda row: (row.started, row.run_id))
+    reporter.emit(RunsListed(str(runs_dir), tuple(rows)))
     return 0
+
+
+def _listed(local_dir: Path, record: RunRecord) -> RunListed:
+    submission = submitted_job(local_dir)
+    if not submission:
+        return listed(record)
+    return dataclasses.replace(listed(record), state=shown_with_job(record, submission[0]))
 
 
 def _readable(runs_dir: Path, reporter: Reporter) -> list[RunRecord]:
@@ -75,9 +95,16 @@ def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
            reporter: Reporter) -> int:
     """Every task's state as its host sees it now, with the last metrics."""
     local_dir = find_run(runs_dir, run_id, _readable(runs_dir, reporter))
+    submission = submitted_job(local_dir)
+    job_now = submission and job(submission[0])
+    if job_now:
+        reporter.emit(RunNote(local_dir.name, f"run {local_dir.name}: {job_now.shown()}"))
+        if not (local_dir / RECORD_FILE).is_file():
+            return 0
     record = load_record(local_dir)
     title = f"run {record.run_id}: {_describe(record)}"
-    if not record.state.active:
+    # A submitted run whose job has ended has nothing left on its nodes either.
+    if not record.state.active or (job_now and not job_now.active):
         # Its run directories are gone from the hosts: the local copy is all there is.
         run = Run(record.plan(str(local_dir / RECORD_FILE)), None, local_dir, reporter,
                   writes_logs=False)
@@ -103,6 +130,12 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
     its name). `tail`: of the local copy, only each task's last lines (read from the end of
     the file: a log of gigabytes costs what its last lines take)."""
     local_dir = find_run(runs_dir, run_id, _readable(runs_dir, reporter))
+    submission = submitted_job(local_dir)
+    if submission and (not (local_dir / RECORD_FILE).is_file()
+                       or load_record(local_dir).state.active):
+        # Its controller runs inside the job and writes the local logs itself; what it
+        # shows is the job's output.
+        return show_output(local_dir, submission[0], follow, reporter)
     record = load_record(local_dir)
     if not record.state.active:
         _show_local(record, local_dir, reporter, task, settings.verbose, tail)
@@ -181,8 +214,12 @@ def plot(runs_dir: Path, run_id: str | None, reporter: Reporter) -> int:
 
 def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
          reporter: Reporter) -> int:
-    """Artifacts first, then TERM, KILL after the grace, a check of every host, cleanup."""
+    """Artifacts first, then TERM, KILL after the grace, a check of every host, cleanup.
+    A submitted run: its job cancelled (its controller does the rest)."""
     local_dir = find_run(runs_dir, run_id)
+    submission = submitted_job(local_dir)
+    if submission:
+        return cancel(local_dir, submission[0], reporter)
     record = load_record(local_dir)
     if not record.state.active and not _teardown_problems(local_dir):
         # Its end already stopped everything and checked every host; a second summary

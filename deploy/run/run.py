@@ -43,6 +43,8 @@ class RunSettings:
     fetch_limits: Limits = Limits()
     # Run on GPUs that other runs or users hold (gpuplace.py refuses them otherwise).
     allow_busy_gpus: bool = False
+    # The run's id as `inv submit` chose it for its batch job (None: a new one).
+    run_id: str | None = None
 
 
 class Run:

@@ -271,6 +271,13 @@ class Interrupted(Event):
                 "of the run…")
 
 
+def _found_again(run_id: str, runs_dir_flag: str) -> str:
+    """The commands that follow, inspect and stop a run this controller leaves."""
+    return (f"  follow it:  {command('logs')} --run {run_id} --follow{runs_dir_flag}\n"
+            f"  its state:  {command('status')} --run {run_id}{runs_dir_flag}\n"
+            f"  stop it:    {command('down')} --run {run_id}{runs_dir_flag}")
+
+
 @dataclass(frozen=True)
 class Detached(Event):
     """The run goes on without this controller; how to find it again."""
@@ -282,10 +289,7 @@ class Detached(Event):
     def text(self) -> str:
         rid, flag = self.run_id, self.runs_dir_flag
         return (f"{self.why}run {rid} is running detached on {self.hosts} host(s); nothing "
-                f"was torn down.\n"
-                f"  follow it:  {command('logs')} --run {rid} --follow{flag}\n"
-                f"  its state:  {command('status')} --run {rid}{flag}\n"
-                f"  stop it:    {command('down')} --run {rid}{flag}")
+                f"was torn down.\n" + _found_again(rid, flag))
 
 
 @dataclass(frozen=True)
@@ -508,6 +512,29 @@ class RunStatus(Event):
 
     def text(self) -> str:
         return self.title
+
+
+@dataclass(frozen=True)
+class Submitted(Event):
+    """`inv submit` queued a run as a Slurm batch job; how to find it again."""
+    run_id: str
+    job_id: str
+    script: str
+    runs_dir_flag: str
+
+    def text(self) -> str:
+        rid, flag = self.run_id, self.runs_dir_flag
+        return (f"submitted run {rid} as Slurm job {self.job_id} ({self.script})\n"
+                + _found_again(rid, flag))
+
+
+@dataclass(frozen=True)
+class JobOutput(Event):
+    """A line of a submitted run's batch job output (its controller's), as `inv logs` reads it."""
+    line: str
+
+    def text(self) -> str:
+        return self.line
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@
                          payload writes them (TFDEPLOY_OUTPUT_DIR/tensorboard); while the run
                          is followed, a copy kept up after each epoch (livetensorboard.py)
     .tensorboard-*/      one fetch of those logs' new bytes, unpacked before they are added
+    batch.sh             a submitted run's batch script (`inv submit`, run/submitted.py)
+    slurm-job.json       its Slurm job's id and when it was submitted
+    slurm-<job>.out      the job's output: what the controller inside it printed
 
 All of it private to the user (private_umask).
 """
@@ -33,6 +36,13 @@ SUMMARY = "summary.json"
 ARTIFACTS = "artifacts"
 LOSS_PLOT = "loss.png"
 TENSORBOARD = "tensorboard"
+BATCH_SCRIPT = "batch.sh"
+SLURM_JOB = "slurm-job.json"
+
+
+def job_output(local_dir: Path, job_id: str) -> Path:
+    """A submitted run's job output (`%j` in the batch script: sbatch puts the id in)."""
+    return local_dir / f"slurm-{job_id}.out"
 
 
 def task_log(local_dir: Path, name: str) -> Path:

@@ -43,7 +43,8 @@ MAX_RECORD_BYTES = 16 << 20
 # The connection fields of a host; `env` is deliberately not among them.
 HOST_FIELDS = ("name", "address", "transport", "port", "user", "identity_file", "known_hosts",
                "host_key_policy", "python", "workdir", "cluster_address", "workers",
-               "own_python", "gpus", "data", "ssh_config", "jump", "target", "via", "role")
+               "own_python", "gpus", "data", "ssh_config", "jump", "target", "via", "role",
+               "slurm_job")
 
 
 # The types a recorded host field may have, checked when read: a record edited out of shape
@@ -56,6 +57,7 @@ _HOST_TYPES = {
     "workers": (int,), "own_python": (bool,), "gpus": (list, tuple, str, _OPTIONAL),
     "data": (dict, _OPTIONAL), "ssh_config": (str,), "jump": (str, _OPTIONAL),
     "target": (dict, _OPTIONAL), "via": (list, tuple, _OPTIONAL), "role": (str,),
+    "slurm_job": (str,),
 }
 
 
@@ -268,7 +270,9 @@ def find_run(runs_dir: Path, run_id: str | None,
     """The directory of run `run_id` (a unique prefix will do), or of the newest run.
     `records`: the readable ones, when the caller has read them already."""
     _check_is_dir(runs_dir)
-    if run_id and RUN_ID.match(run_id) and (runs_dir / run_id / RECORD_FILE).is_file():
+    # A submitted run (run/submitted.py) is found by its id before its record is written.
+    if run_id and RUN_ID.match(run_id) and any((runs_dir / run_id / name).is_file()
+                                               for name in (RECORD_FILE, localdir.SLURM_JOB)):
         return runs_dir / run_id
     if records is None:
         records = list_records(runs_dir)

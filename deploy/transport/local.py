@@ -1,4 +1,6 @@
-"""Local hosts (`transport: local`): commands as subprocesses of the controller, with the environment a login would give."""
+"""Local hosts (`transport: local`): commands as subprocesses of the controller, with the
+environment a login would give. Slurm's nodes (slurm.py) are reached the same way, through
+srun."""
 from __future__ import annotations
 
 import os
@@ -6,7 +8,6 @@ import pwd
 import signal
 import subprocess
 import tempfile
-
 
 from deploy.inventory.model import Host
 from deploy.transport.base import LINE_LIMIT, PRIVATE, CommandResult, LineStream, Stdin, TransportError, pieces
@@ -31,14 +32,13 @@ def login_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class LocalStream:
-    def __init__(self, line: str):
+    def __init__(self, argv: list[str], env: dict[str, str]):
         # Its own session, so that closing it ends exactly this command and its children.
         # Its stderr goes to a file: a pipe nobody reads could stall it.
         self.errors = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(["/bin/sh", "-c", PRIVATE + line], stdout=subprocess.PIPE,
-                                     stdin=subprocess.PIPE, stderr=self.errors,
-                                     start_new_session=True, cwd=os.path.expanduser("~"),
-                                     env=login_environment())
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.PIPE,
+                                     stderr=self.errors, start_new_session=True,
+                                     cwd=os.path.expanduser("~"), env=env)
 
     def __iter__(self):
         return iter(lambda: self.proc.stdout.readline(LINE_LIMIT), b"")
@@ -88,17 +88,24 @@ class LocalTransport:
     def __init__(self, host: Host):
         self.host = host
 
+    def argv(self, line: str) -> list[str]:
+        """What runs a command line on the host: here, a shell on this machine."""
+        return ["/bin/sh", "-c", PRIVATE + line]
+
+    def environment(self) -> dict[str, str]:
+        return login_environment()
+
     def run(self, line: str, stdin: Stdin = b"", timeout: float | None = 60.0) -> CommandResult:
         try:
-            done = subprocess.run(["/bin/sh", "-c", PRIVATE + line], input=b"".join(pieces(stdin)),
-                                  capture_output=True, env=login_environment(),
+            done = subprocess.run(self.argv(line), input=b"".join(pieces(stdin)),
+                                  capture_output=True, env=self.environment(),
                                   timeout=timeout, cwd=os.path.expanduser("~"))
         except subprocess.TimeoutExpired:
             raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
     def stream(self, line: str) -> LineStream:
-        return LocalStream(line)
+        return LocalStream(self.argv(line), self.environment())
 
     def close(self) -> None:
         pass
