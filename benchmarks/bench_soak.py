@@ -29,27 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from numbered import check_logs, write_payload  # noqa: E402
+from procs import wait_until_gone  # noqa: E402
 from sshlab import SshLab  # noqa: E402
-
-PAYLOAD = """\
-import json, os, sys, time
-seconds, rate = float(sys.argv[1]), int(sys.argv[2])
-task = int(os.environ["TFDEPLOY_TASK_INDEX"])
-print(json.dumps({"event": "start", "task": task, "epochs": int(seconds)}), flush=True)
-n, epoch, start = 0, 0, time.monotonic()
-while (elapsed := time.monotonic() - start) < seconds:
-    while n < int(elapsed * rate):
-        print(f"task {task} line {n:09d}")
-        n += 1
-    if int(elapsed) > epoch:
-        epoch = int(elapsed)
-        print(json.dumps({"event": "epoch", "task": task, "epoch": epoch, "loss": 1 / epoch,
-                          "seconds": 1.0}))
-    sys.stdout.flush()
-    time.sleep(0.01)
-print(f"task {task} printed {n} lines", flush=True)
-"""
-
 
 def inv(*args: str, **kw) -> subprocess.Popen:
     # SIGINT at its default in the child, whatever this shell left it at.
@@ -62,28 +44,12 @@ def inv(*args: str, **kw) -> subprocess.Popen:
 def proc_sample(pid: int) -> tuple[int, int, int, float]:
     """VmRSS (KiB), open files, threads and CPU seconds (user + system) of `pid`."""
     status = Path(f"/proc/{pid}/status").read_text()
-    field = {line.split(":")[0]: line.split(":")[1].split()[0]
-             for line in status.splitlines() if ":" in line}
+    field = {name: value.split()[0] for name, _, value in
+             (line.partition(":") for line in status.splitlines()) if value.strip()}
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
     return (int(field["VmRSS"]), len(os.listdir(f"/proc/{pid}/fd")), int(field["Threads"]),
             cpu)
-
-
-def check_logs(run_dir: Path) -> int:
-    """Every task's local log holds its numbered lines once each, in order; their count."""
-    total = 0
-    for log in sorted(run_dir.glob("worker-*.log")):
-        task = int(log.stem.split("-")[1])
-        numbered = [line for line in log.read_bytes().splitlines()
-                    if line.startswith(b"task %d line " % task)]
-        want = [b"task %d line %09d" % (task, n) for n in range(len(numbered))]
-        said = [line for line in log.read_bytes().splitlines() if b" printed " in line]
-        if numbered != want or not said or int(said[-1].split()[3]) != len(numbered):
-            raise SystemExit(f"{log}: not every line once in order ({len(numbered)} numbered "
-                             f"lines; the task said {said[-1:]!r})")
-        total += len(numbered)
-    return total
 
 
 def soak(lab: SshLab, hosts, work: Path, seconds: float, rate: int) -> None:
@@ -94,12 +60,17 @@ def soak(lab: SshLab, hosts, work: Path, seconds: float, rate: int) -> None:
     output: list[bytes] = []
     threading.Thread(target=lambda: output.extend(controller.stdout), daemon=True).start()
     samples, started = [], time.monotonic()
-    while controller.poll() is None:
-        try:
-            samples.append((time.monotonic() - started, *proc_sample(controller.pid)))
-        except (OSError, KeyError):
-            pass
-        time.sleep(1)
+    try:
+        while controller.poll() is None:
+            try:
+                samples.append((time.monotonic() - started, *proc_sample(controller.pid)))
+            except (OSError, KeyError, IndexError, ValueError):
+                pass                        # it ended between poll() and the read
+            time.sleep(1)
+    finally:
+        if controller.poll() is None:       # this script failed: its controller goes too
+            controller.send_signal(signal.SIGINT)
+            controller.wait(timeout=60)
     wall = time.monotonic() - started
     code = controller.returncode
     if code != 0:
@@ -138,9 +109,12 @@ def follow(lab: SshLab, hosts, work: Path, seconds: float, rate: int,
     last = inv("logs", "--run", run_dir.name, "--runs-dir", str(runs), "--follow")
     last.communicate(timeout=seconds + 120)
     lines = check_logs(run_dir)
+    left = wait_until_gone(run_dir.name, timeout=10)
+    dirs = [h.name for h in hosts if (Path(h.workdir) / "runs" / run_dir.name).exists()]
     print(f"follow: {interrupts} follows interrupted with Ctrl-C (exit {sorted(set(codes))}), "
           f"then followed to the end: exit {last.returncode}, {time.monotonic() - begun:.0f} s; "
-          f"{lines} lines, each once and in order")
+          f"{lines} lines, each once and in order; processes of the run left: {len(left)}, "
+          f"run directories left on hosts: {dirs or 'none'}")
 
 
 def main() -> None:
@@ -152,8 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.seconds or (300 if args.mode == "soak" else 150)
     work = Path(tempfile.mkdtemp(prefix="tfdeploy-soak-"))
-    (work / "payload").mkdir()
-    (work / "payload" / "train.py").write_text(PAYLOAD)
+    write_payload(work / "payload")
     with SshLab(work / "lab", first_octet=150) as lab:
         hosts = lab.start(2)
         if args.mode == "soak":
