@@ -31,6 +31,7 @@ from deploy.console.reporter import ConsoleReporter, JsonReporter
 from deploy.errors import BadInput, TfdeployError
 from deploy.host.archive import MAX_BYTES, Limits
 from deploy.inventory.builtin import chosen_inventory
+from deploy.inventory.load import MAX_TASKS
 from deploy.inventory.logins import login_documents, login_text
 from deploy.inventory.model import Inventory
 from deploy.plan.command import split_args
@@ -48,6 +49,7 @@ from deploy.run.reattach import logs as show_logs
 from deploy.run.reattach import plot as draw_plot
 from deploy.run.reattach import status as show_status
 from deploy.run.finish import runs_dir_flag
+from deploy.run.resume import resume as resume_run
 from deploy.run.run import RunSettings
 from deploy.run.submitted import given_run_id
 from deploy.run.submitted import submit as submit_run
@@ -233,8 +235,12 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     "detach": "return once every task has started, leaving the run on its hosts; print its "
               f"id and the commands to follow ({command('logs')}), inspect "
               f"({command('status')}), stop ({command('down')})",
-    "restarts": "when a task fails, stop the cluster and relaunch every task, resuming from "
-                "the chief's BackupAndRestore state, up to N times (default: 0)",
+    "restarts": "when a task fails or a host is lost, stop the cluster and relaunch every "
+                "task, resuming from the chief's BackupAndRestore state, up to N times "
+                "(default: 0); a lost host's tasks go to a `role: spare` host",
+    "shrink": "with --restarts, when a host is lost and no spare is left, relaunch on the "
+              "hosts that remain (fewer workers)",
+    "min_workers": "with --shrink, the fewest workers to go on with (default: 1)",
     "allow_busy_gpus": "run on GPUs another run or user holds (by default a busy GPU listed in "
                        "`gpus`, or too few free ones, refuses the run)",
     "verbose": VERBOSE_HELP,
@@ -245,7 +251,8 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
 def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=False,
           runs_dir="runs", connect_timeout="10", accept_new_host_keys=False, grace="3",
           start_timeout="120", no_check=False, detach=False, restarts="0", verbose=False,
-          lost_after="10", max_fetch="", json=False, allow_busy_gpus=False, run_id=""):
+          lost_after="10", max_fetch="", json=False, allow_busy_gpus=False, run_id="",
+          shrink=False, min_workers="1"):
     """Train across the inventory's hosts: push, start, stream logs, tear down.
 
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
@@ -258,17 +265,10 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
         # Every flag is read before anything else, the dry run's included: a dry run refuses
         # what the real run would.
         chosen = inventory(console, hosts, dry_run)
-        settings = RunSettings(runs_dir=Path(runs_dir),
-                               connect_timeout=seconds("--connect-timeout", connect_timeout),
-                               accept_new_host_keys=accept_new_host_keys,
-                               start_timeout=seconds("--start-timeout", start_timeout),
-                               lost_after=seconds("--lost-after", lost_after),
-                               check=not no_check,
-                               restarts=count("--restarts", restarts, MAX_RESTARTS),
-                               detach=detach, verbose=verbose,
-                               fetch_limits=fetch_limits("--max-fetch", max_fetch),
-                               allow_busy_gpus=allow_busy_gpus,
-                               run_id=given_run_id(Path(runs_dir), run_id) if run_id else None)
+        settings = run_settings(runs_dir, connect_timeout, accept_new_host_keys, start_timeout,
+                                lost_after, no_check, restarts, verbose, max_fetch,
+                                allow_busy_gpus, shrink, min_workers, detach=detach,
+                                run_id=given_run_id(Path(runs_dir), run_id) if run_id else None)
         if detach and settings.restarts:
             raise BadInput("--restarts needs the controller that relaunches the run: it "
                            "cannot be combined with --detach")
@@ -287,6 +287,26 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
             return
         code = run_training(chosen, options, settings, reporter)
     exit_with(code)
+
+
+def run_settings(runs_dir: str, connect_timeout: str, accept_new_host_keys: bool,
+                 start_timeout: str, lost_after: str, no_check: bool, restarts: str,
+                 verbose: bool, max_fetch: str, allow_busy_gpus: bool, shrink: bool,
+                 min_workers: str, **fields) -> RunSettings:
+    """A run's settings from `train`'s (and `resume`'s) flags, each checked."""
+    settings = RunSettings(runs_dir=Path(runs_dir),
+                           connect_timeout=seconds("--connect-timeout", connect_timeout),
+                           accept_new_host_keys=accept_new_host_keys,
+                           start_timeout=seconds("--start-timeout", start_timeout),
+                           lost_after=seconds("--lost-after", lost_after),
+                           check=not no_check,
+                           restarts=count("--restarts", restarts, MAX_RESTARTS),
+                           verbose=verbose, fetch_limits=fetch_limits("--max-fetch", max_fetch),
+                           allow_busy_gpus=allow_busy_gpus, shrink=shrink,
+                           min_workers=count("--min-workers", min_workers, MAX_TASKS), **fields)
+    if (shrink or min_workers != "1") and not settings.restarts:
+        raise BadInput("--shrink and --min-workers act on a relaunch: they need --restarts N")
+    return settings
 
 
 # train's flags that a submitted run passes on to the train inside its batch job.
@@ -542,6 +562,51 @@ def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=
              connect_timeout, accept_new_host_keys, max_fetch=max_fetch)
 
 
+@task(help={
+    "run": "the run to resume: its id, or a unique prefix of one (required)",
+    "hosts": "inventory to resume on, e.g. with a new VM in place of a lost host (default: "
+             "the hosts of the run's record)",
+    "runs_dir": RUN_HELP["runs_dir"],
+    **SSH_HELP,
+    "start_timeout": "seconds for every task to reach its first training step (default: 120)",
+    "lost_after": LOST_AFTER_HELP,
+    "restarts": "when a task fails or a host is lost again, relaunch up to N times (default: "
+                "0)",
+    "shrink": "with --restarts, when a host is lost and no spare is left, relaunch on the "
+              "hosts that remain",
+    "min_workers": "with --shrink, the fewest workers to go on with (default: 1)",
+    "no_check": "skip the checks before starting (versions, disk, ports, TCP mesh)",
+    "allow_busy_gpus": "run on GPUs another run or user holds",
+    "verbose": VERBOSE_HELP,
+    "max_fetch": MAX_FETCH_HELP,
+    "json": JSON_HELP,
+})
+def resume(c, run="", hosts="", runs_dir="runs", connect_timeout="10",
+           accept_new_host_keys=False, start_timeout="120", lost_after="10", restarts="0",
+           shrink=False, min_workers="1", no_check=False, allow_busy_gpus=False, verbose=False,
+           max_fetch="", json=False):
+    """Start a run that ended without finishing again, from its last backup.
+
+    A run that failed, lost a host, was interrupted or stopped with `inv down` goes on from the
+    copy of the chief's backup its controller kept after each epoch (runs started with
+    --restarts keep one): the same payload, entry and arguments, on the hosts of --hosts or of
+    its record, its logs going on in the same run directory after an attempt marker. Refused
+    when the run finished, still runs, or kept no backup.
+
+    Exit status as `inv train`'s."""
+    console, reporter = console_and_reporter(json)
+    with reported(console):
+        if not run:
+            raise BadInput(f"--run is required: the run to resume ({command('runs')} lists "
+                           "them)")
+        chosen = inventory(console, hosts) if hosts else None
+        settings = run_settings(runs_dir, connect_timeout, accept_new_host_keys, start_timeout,
+                                lost_after, no_check, restarts, verbose, max_fetch,
+                                allow_busy_gpus, shrink, min_workers)
+        code = resume_run(Path(runs_dir), run, chosen, settings, reporter)
+    exit_with(code)
+
+
 # The tasks' docstrings are their --help: they name the command as the user runs it.
 for _task in Collection.from_module(sys.modules[__name__]).tasks.values():
     _task.__doc__ = (_task.__doc__ or "").replace("`inv ", f"`{PROGRAM} ")
@@ -557,7 +622,7 @@ VALUES = {"--connect-timeout": "SECONDS", "--grace": "SECONDS", "--start-timeout
           "--entry": "SCRIPT", "--runs-dir": "DIR", "--run": "RUN_ID", "--wheelhouse": "DIR",
           "--args": "'ARGS'", "--tail": "N", "--run-id": "RUN_ID", "--nodes": "N",
           "--gpus-per-node": "[TYPE:]G", "--time": "LIMIT", "--partition": "NAME",
-          "--account": "NAME"}
+          "--account": "NAME", "--min-workers": "N"}
 
 
 class TfdeployProgram(Program):

@@ -7,6 +7,7 @@ deadline for the whole step: a host that has not answered by then is reported as
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 import tarfile
@@ -287,8 +288,9 @@ class Session:
              ) -> tuple[dict[int, TaskStatus], dict[str, BaseException]]:
         """One answer per host: (statuses by task index, errors by host name). Used for the
         last read of the logs after a stop; live following goes through follow.py."""
-        results, errors = self.ask_each("poll", plan.hosts, lambda hp: poll_request(
-            hp.run_dir, host_offsets(hp, offsets)), 30)
+        results, errors = self.ask_each("poll", [hp for hp in plan.hosts if hp.tasks],
+                                        lambda hp: poll_request(
+                                            hp.run_dir, host_offsets(hp, offsets)), 30)
         answers = {}
         for host, polled in results.items():
             keys = plan.by_key(host)
@@ -358,40 +360,60 @@ class Session:
                               limits) from None
         return offsets
 
-    def carry_backup(self, plan: RunPlan, filesystems: Mapping[str, str | None],
-                     limits: Limits, spool_dir: Path, warn: Callable[[str], None],
-                     ) -> tuple[int, list[str]]:
-        """Copy the chief's TFDEPLOY_BACKUP_DIR over every other host's (no shared disk between
-        bare machines; BackupAndRestore restores every worker from the chief's backup), by way
-        of a file on this disk (in `spool_dir`), checked against `limits` here and unpacked
-        there as archive.py unpacks. `filesystems` (host name -> the filesystem id its push
-        answered): hosts sharing a workdir share the run directory, so the backup is written
-        once per filesystem, and not at all where the chief's own is. Returns the size of the
-        archive carried and the hosts it was written to."""
-        chief = plan.chief_host
-        label, what = chief.host.label, "the chief's backup"
-        targets = backup_targets(chief.host.name, [hp.host.name for hp in plan.hosts],
-                                 filesystems)
-        others = [hp for hp in plan.hosts if hp.host.name in targets]
-        with BodyFile(spool_dir, limits) as spool:
-            self.agents[chief.host.name].ask(fetch_backup_request(chief.run_dir, limits),
-                                             "fetching the backup", into=spool).wait(600)
+    def keep_backup(self, hp: HostPlan, limits: Limits, kept: Path) -> int | None:
+        """Copy the chief's TFDEPLOY_BACKUP_DIR (`hp` is its host) into the file `kept` as a
+        tar.gz, checked against `limits` and put in place whole once it has all come: the
+        controller's copy, which outlives the chief's host. Its size; None when the chief has
+        no backup yet (`kept` stays as it was)."""
+        label, what = hp.host.label, "the chief's backup"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with BodyFile(kept.parent, limits) as spool:
+            self.agents[hp.host.name].ask(fetch_backup_request(hp.run_dir, limits),
+                                          "fetching the backup", into=spool).wait(600)
             archive = spool.ready(label, f"fetching {what}")
+            if archive is None:
+                return None
             try:
-                if archive is not None:
-                    survey(archive, limits)
-                    archive.seek(0)
+                survey(archive, limits)
             except Refused as exc:
                 raise refused(label, what, spool.size, exc, limits) from None
-            data: Body = archive if archive is not None else _empty_tar_gz()
+            archive.seek(0)
+            # Its own name: a copy still coming in the background may be written beside it.
+            with tempfile.NamedTemporaryFile(dir=kept.parent, prefix=kept.name + ".",
+                                             delete=False) as out:
+                try:
+                    shutil.copyfileobj(archive, out)
+                except BaseException:
+                    Path(out.name).unlink()
+                    raise
+            Path(out.name).replace(kept)
+            return spool.size
+
+    def carry_backup(self, plan: RunPlan, filesystems: Mapping[str, str | None],
+                     limits: Limits, kept: Path, source: str | None,
+                     warn: Callable[[str], None]) -> tuple[int, list[str]]:
+        """Write the kept copy of the chief's backup (keep_backup; none kept: no backup) over
+        the TFDEPLOY_BACKUP_DIR of every host of `plan` that runs tasks (no shared disk between
+        bare machines; BackupAndRestore restores every worker from the chief's backup),
+        unpacked there as archive.py unpacks. `filesystems` (host name -> the filesystem id
+        its push answered): hosts sharing a workdir share the run directory, so the backup is
+        written once per filesystem, and not at all on that of `source`, the host the copy
+        was just taken from. Returns the size of the archive carried and the hosts it was
+        written to."""
+        targets = backup_targets(source or "", [hp.host.name for hp in plan.hosts if hp.tasks],
+                                 filesystems)
+        others = [hp for hp in plan.hosts if hp.host.name in targets]
+        with contextlib.ExitStack() as stack:
+            data: Body = (stack.enter_context(kept.open("rb")) if kept.is_file()
+                          else _empty_tar_gz())
             answers = self.ask_all("carrying the backup", others,
                                    lambda hp: replace_backup_request(hp.run_dir, limits), 600,
                                    lambda hp: data)
+        what = f"the chief's backup{f' from {source}' if source else ''}"
         for name, done in answers.items():
-            for line in skipped_lines(name, f"{what} from {chief.host.name}", done.skipped,
-                                      done.skipped_count):
+            for line in skipped_lines(name, what, done.skipped, done.skipped_count):
                 warn(line)
-        return spool.size, [hp.host.name for hp in others]
+        return (kept.stat().st_size if kept.is_file() else 0), [hp.host.name for hp in others]
 
 
 def gather(replies: Mapping, timeout: float) -> tuple[dict, dict[object, BaseException]]:

@@ -19,7 +19,9 @@ import yaml
 from deploy.inventory import openssh, sshconfig
 from deploy.inventory.address import Address
 from deploy.inventory.datasource import parse_data
-from deploy.inventory.model import ROLES, EnvValue, Host, Inventory, InventoryError
+from deploy.inventory.model import (
+    ROLES, SPARE, EnvValue, Host, Inventory, InventoryError
+)
 from deploy.inventory.names import name_problem
 from deploy.inventory.sshconfig import Hop, Route, SshConfigError, SshConfigs
 
@@ -235,6 +237,10 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
     if role not in ROLES:
         raise fail("role", f"must be one of {', '.join(ROLES)}, not {role!r}")
     gpus = _gpus(raw, fail)
+    if role == SPARE and gpus is not None:
+        # A spare takes a lost host's tasks as they were planned, GPUs placed at the start.
+        raise fail("gpus", "a spare takes the tasks of a lost host: spares with GPUs are not "
+                           "supported; remove `gpus` or the spare role")
     if isinstance(gpus, tuple):
         workers = len(gpus)
     elif isinstance(gpus, int):

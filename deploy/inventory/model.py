@@ -17,7 +17,10 @@ from deploy.inventory.sshconfig import Hop
 # The task types of a TensorFlow cluster (TF_CONFIG's task types), as the inventory's `role:`.
 # A cluster with only workers is a MultiWorkerMirroredStrategy cluster, as it always was; a
 # chief, ps or evaluator makes it a parameter-server cluster (docs/design.md, "Roles").
-ROLES = TASK_TYPES
+# A spare runs no task: checked and pushed to like the others, it takes a lost host's tasks
+# (run/recovery.py).
+SPARE = "spare"
+ROLES = TASK_TYPES + (SPARE,)
 # The types in TF_CONFIG's cluster dict, in the order written there: the evaluator is not in it.
 CLUSTER_ROLES = ("chief", "worker", "ps")
 
@@ -88,9 +91,14 @@ class Host:
         return Address.parse(self.cluster_address) if self.cluster_address else self.ssh.address
 
     @property
+    def tasks(self) -> int:
+        """How many tasks it runs: `workers`, none while it is a spare."""
+        return 0 if self.role == SPARE else self.workers
+
+    @property
     def cluster_tasks(self) -> int:
         """Its tasks that are in the cluster dict and listen on a port: the evaluator is not."""
-        return 0 if self.role == "evaluator" else self.workers
+        return 0 if self.role == "evaluator" else self.tasks
 
     @property
     def label(self) -> str:
@@ -110,9 +118,9 @@ class Inventory:
 
     @property
     def task_count(self) -> int:
-        return sum(h.workers for h in self.hosts)
+        return sum(h.tasks for h in self.hosts)
 
     @property
     def has_roles(self) -> bool:
-        """Whether any host has a role other than worker: a parameter-server cluster."""
-        return any(h.role != "worker" for h in self.hosts)
+        """Whether any host has a task type other than worker: a parameter-server cluster."""
+        return any(h.role not in ("worker", SPARE) for h in self.hosts)

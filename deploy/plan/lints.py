@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from deploy.errors import BadInput
-from deploy.inventory.model import Inventory
+from deploy.inventory.model import SPARE, Inventory
 
 MULTI_WORKER = re.compile(r"\bMultiWorkerMirroredStrategy\b")
 PARAMETER_SERVER = re.compile(r"\bParameterServerStrategy\b")
@@ -92,6 +92,14 @@ def role_problems(inventory: Inventory) -> list[str]:
     if count["evaluator"] > 1:
         problems.append(where(of["evaluator"][-1], f"{count['evaluator']} evaluator tasks; a "
                               f"cluster has at most one evaluator (workers: 1)"))
+    spares = [h for h in hosts if h.role == SPARE]
+    if spares and not inventory.task_count:
+        problems.append(where(spares[0], "every host is a spare: give at least one host a "
+                                         "task (role: worker, the default)"))
+    elif spares and inventory.has_roles:
+        problems.append(where(spares[0], "a spare replaces a lost host of a "
+                                         "MultiWorkerMirroredStrategy cluster (workers only); a "
+                                         "parameter-server cluster cannot take one"))
     return problems
 
 

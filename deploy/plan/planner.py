@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from deploy.host import layout
 from deploy.host.archive import Limits
@@ -140,12 +140,20 @@ class RunPlan:
     def chief_host(self) -> HostPlan:
         return next(h for h in self.hosts if self.chief in h.tasks)
 
+    @property
+    def inventory(self) -> Inventory:
+        return Inventory("", tuple(hp.host for hp in self.hosts))
+
     def with_ports(self, ports: Mapping[int, int]) -> "RunPlan":
         """The same run with its tasks on `ports` (task index -> port): their TF_CONFIG, and
         the launch requests that carry it, name them. The one way a plan changes once made:
-        at the launch, and at each relaunch on fresh ports."""
-        return plan_run(Inventory("", tuple(hp.host for hp in self.hosts)), self.options,
-                        self.run_id, ports)
+        at the launch, and at each relaunch on fresh ports (or on other hosts, recovery.py)."""
+        return plan_run(self.inventory, self.options, self.run_id, ports)
+
+    def without(self, names: Collection[str]) -> "RunPlan":
+        """The plan's hosts but `names` (hosts given up on): what may still be asked."""
+        return dataclasses.replace(self, hosts=tuple(hp for hp in self.hosts
+                                                     if hp.host.name not in names))
 
 
 def endpoint(host: Host, port: int | None) -> str:
@@ -344,7 +352,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
     it the plan shows `<port>` where those numbers will go."""
     ports = ports or {}
     slots = [(host, host.role, i) for i, host in
-             enumerate(h for h in inventory.hosts for _ in range(h.workers))]
+             enumerate(h for h in inventory.hosts for _ in range(h.tasks))]
     spec = cluster_dict(slots, ports)
     workers = sum(1 for _, role, _ in slots if role == "worker")
     seen: dict[str, int] = {}          # tasks of each type so far: the next one's index
@@ -353,7 +361,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
         rundir = run_dir(host, run_id)
         requirements = env_requirements(host, options.requirements_sha256)
         tasks = []
-        for slot in range(host.workers):
+        for slot in range(host.tasks):
             index = sum(len(h.tasks) for h in host_plans) + len(tasks)
             type_index = seen[host.role] = seen.get(host.role, -1) + 1
             key = layout.task_key(host.role, type_index)

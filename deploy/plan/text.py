@@ -101,6 +101,9 @@ def plan_text(plan: RunPlan) -> str:
             lines.append(f"  gpus:   {', '.join(map(str, host.gpus))}, each leased by the host "
                          f"when the run starts; a busy one refuses the run (unless "
                          f"--allow-busy-gpus)")
+        if not hp.tasks:
+            lines.append("  spare:  no task until a host is lost (--restarts); then that host's "
+                         "tasks")
         for t in hp.tasks:
             gpus = {None: "", "all": ", all GPUs"}.get(t.gpus, f", GPU {t.gpus}")
             where = (f"at {t.endpoint}" if t.in_cluster
@@ -110,6 +113,6 @@ def plan_text(plan: RunPlan) -> str:
             lines.append(f"    launch: {t.launch.shown()}")
             lines += [f"    env {key}={value}" for key, value in t.launch.shown_env().items()]
         lines.append(f"  end:    stop tasks (TERM, KILL after {plan.options.grace:g} s), "
-                     f"fetch logs{' and output' if hp.tasks[0] is plan.chief else ''}, "
+                     f"fetch logs{' and output' if plan.chief in hp.tasks else ''}, "
                      f"delete {hp.run_dir}")
     return "\n".join(lines) + "\n"

@@ -40,7 +40,12 @@ def finish(run: Run, how: str) -> int:
     """Fetch what the run made, tear it down everywhere, write the summary and the record.
     Runs on every exit path once anything was started, including Ctrl-C and errors. A second
     interrupt abandons the teardown (abandon())."""
-    plan, session, reporter, local_dir = run.plan, run.session, run.reporter, run.dir
+    session, reporter, local_dir = run.session, run.reporter, run.dir
+    # Hosts lost during the run whose tasks went elsewhere are not asked: they are named at
+    # the end, and `inv down` (which asks every host of the record) cleans them later.
+    lost = tuple(hp.host.name for hp in run.plan.hosts if hp.host.name in run.lost
+                 and not hp.tasks)
+    plan = run.plan.without(lost)
     problems: list[str] = list(run.problems)
     artifacts = 0
     try:
@@ -66,7 +71,8 @@ def finish(run: Run, how: str) -> int:
     plot = draw_loss_plot(run.tasks, local_dir, plan.run_id, reporter)
     tensorboard = localdir.link_tensorboard(local_dir)
     write_json(local_dir / localdir.SUMMARY,
-               _summary(run, artifacts, problems, code, how, wall_time, plot, tensorboard))
+               dict(_summary(run, artifacts, problems, code, how, wall_time, plot, tensorboard),
+                    lost_hosts=list(lost)))
     state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
              Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
@@ -77,7 +83,7 @@ def finish(run: Run, how: str) -> int:
         losses_agree(run.tasks), tuple(problems), len(plan.hosts),
         str(local_dir / localdir.SUMMARY), artifacts, str(local_dir / localdir.ARTIFACTS),
         None if plot is None else str(plot), None if tensorboard is None else str(tensorboard),
-        None if told else NO_EPOCHS))
+        None if told else NO_EPOCHS, lost))
     return code
 
 

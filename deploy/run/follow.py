@@ -57,7 +57,8 @@ class Followers:
 
     def start_all(self, offsets: Mapping[int, int]) -> None:
         for hp in self.plan.hosts:
-            self.start(hp, offsets)
+            if hp.tasks:                # a spare, or a host given up on, has none to follow
+                self.start(hp, offsets)
 
     def restart(self, host: str, offsets: Mapping[int, int]) -> bool:
         """Follow `host` again from `offsets` after its follow failed; False once exhausted."""
@@ -77,6 +78,8 @@ class Followers:
         failed = []
         for hp in self.plan.hosts:
             name = hp.host.name
+            if not hp.tasks:
+                continue
 
             def on_end(reply: Reply, name: str = name) -> None:
                 self._put(Event(name, "error", error=reply.error) if reply.error

@@ -31,14 +31,14 @@ from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
 from deploy.run.lostport import NewPorts
 from deploy.run.preflight import refuse_bad_input, shown_paths
 from deploy.run.restarts import Restarter
-from deploy.run.run import Run, RunSettings
+from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import Abandoned, HungUp
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.events import (
-    Detached, Interrupted, PayloadLeftOut, Pushed, RecordsAt, Reporter, RunPlanned,
-    TasksStarted
+    ArchiveNote, Detached, Interrupted, PayloadLeftOut, Pushed, RecordsAt, Reporter,
+    RunPlanned, TasksStarted
 )
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
@@ -55,14 +55,24 @@ class Prepared:
     data: DataPush
 
 
+@dataclass(frozen=True)
+class Resuming:
+    """`inv resume` (resume.py): the attempt it starts, and the copy of the chief's backup
+    every host starts it from."""
+    attempt: int
+    backup: Path
+
+
 def train(inventory: Inventory, options: Options, settings: RunSettings,
-          reporter: Reporter) -> int:
+          reporter: Reporter, resuming: Resuming | None = None) -> int:
     prepared = prepare(inventory, options, settings, reporter)
     session, checked_ports = connect_and_check(prepared, settings, reporter)
     prepared, checked_ports = on_gpus(prepared, session, settings, reporter, checked_ports)
     run = start_records(prepared, session, settings, reporter)
     with ending(run, settings) as end:
         push(run, prepared)
+        if resuming is not None:
+            carry_kept_backup(run, resuming)
         launch(run, checked_ports, settings)
         end.launched = True
         if settings.detach and _all_running(run):
@@ -201,6 +211,19 @@ def push(run: Run, prepared: Prepared) -> None:
                    prepared.data.send(run.session, run.plan, status, tell))
 
 
+def carry_kept_backup(run: Run, resuming: Resuming) -> None:
+    """A resumed run: its tasks' progress so far read from the local logs (which go on, each
+    after an attempt marker), and the kept backup written to every host before anything
+    starts there."""
+    run.attempt = resuming.attempt
+    load_local_logs(run, None)
+    for task in run.tasks:
+        task.offset = task.size = 0     # the hosts' logs of this attempt start empty
+    with run.reporter.status("carrying the chief's backup to every host…"):
+        run.session.carry_backup(run.plan, run.filesystems, run.limits, resuming.backup, None,
+                                 lambda line: run.reporter.emit(ArchiveNote(line)))
+
+
 def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
            settings: RunSettings) -> None:
     """The ports (the checks' or probed now), the final plan, then every task started."""
@@ -211,9 +234,9 @@ def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
         run.plan = run.plan.with_ports(ports)
     write_json(run.dir / localdir.PLAN, plan_document(run.plan))
     write_record(run.dir, RunRecord.of(run.plan, RunState.STARTING, run.started,
-                                       restarts=settings.restarts))
+                                       restarts=settings.restarts, attempt=run.attempt))
     with reporter.status(f"starting {len(run.plan.tasks)} task(s)…"):
-        run.session.launch(run.plan)
+        run.session.launch(run.plan, attempt=run.attempt)
     reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,
                                tuple(t.endpoint for t in run.plan.tasks)))
 

@@ -295,7 +295,9 @@ def _summary(local_dir: Path) -> dict:
 
 
 def _teardown_problems(local_dir: Path) -> list:
-    return _summary(local_dir).get("teardown_problems", ["no summary"])
+    """What the run's end could not do, hosts lost during the run included."""
+    summary = _summary(local_dir)
+    return summary.get("teardown_problems", ["no summary"]) + summary.get("lost_hosts", [])
 
 
 def _apply_summary(run: Run, local_dir: Path) -> None:

@@ -45,6 +45,10 @@ class RunSettings:
     allow_busy_gpus: bool = False
     # The run's id as `inv submit` chose it for its batch job (None: a new one).
     run_id: str | None = None
+    # A lost host's tasks with no spare left: go on with the hosts that remain (--shrink),
+    # as long as this many workers do.
+    shrink: bool = False
+    min_workers: int = 1
 
 
 class Run:
@@ -68,11 +72,33 @@ class Run:
         # Host name -> the filesystem id its payload push answered (deploy/host/share.py):
         # hosts with one id share the run directory, and --restarts carries the backup once.
         self.filesystems: dict[str, str | None] = {}
+        # Hosts given up on (no heartbeat): nothing more is asked of them; a relaunch moves
+        # their tasks elsewhere (restarts.py), and they stay in the plan without tasks.
+        self.lost: set[str] = set()
         # Ctrl-C while following stops the run (inv train), or only the following (inv logs).
         self.interrupt_stops = True
         self.stopped_clean = False          # every host answered a stop: none survived
         self.detached = False               # left running without this controller
         self.started = time.time()          # when this controller began the run
+
+    @property
+    def reachable(self) -> RunPlan:
+        """The plan without the hosts given up on: what may still be asked."""
+        return self.plan.without(self.lost)
+
+    def replan(self, plan: RunPlan) -> None:
+        """Go on with `plan`, whose tasks are the same or fewer, some on other hosts
+        (recovery.py): each task's progress goes on, from an empty log where it moved."""
+        by_index = {t.index: t for t in self.tasks}
+        for planned in plan.tasks:
+            task = by_index[planned.index]
+            if task.host != planned.host.name:
+                task.moved(planned.host.name, planned.gpus)
+        kept = {t.index for t in plan.tasks}
+        for index in [i for i in self.logs if i not in kept]:
+            self.logs.pop(index).close()
+        self.tasks = [t for t in self.tasks if t.index in kept]
+        self.plan = plan
 
     def set_state(self, state: RunState, **fields) -> None:
         update_record(self.dir, state=state, **fields)

@@ -25,13 +25,18 @@ class Stopper:
     def stop(self) -> None:
         """Ask every host to stop its tasks (TERM, KILL after the grace); the answers come
         with the followers' events (answered())."""
+        # A host given up on is not asked: its tasks are out of reach, and the run's end
+        # says what may be left there (finish.py).
+        lost = self.run.lost
         if self.followers is None:
-            self.stop_hosts([hp.host.name for hp in self.run.plan.hosts])
+            self.stop_hosts([hp.host.name for hp in self.run.plan.hosts
+                             if hp.host.name not in lost])
             return
         failed = self.followers.send_stop(self.run.plan.options.grace)
         now = time.monotonic()
         self.pending.update({hp.host.name: now for hp in self.run.plan.hosts
-                             if hp.host.name not in failed})
+                             if hp.tasks and hp.host.name not in failed})
+        failed = [name for name in failed if name not in lost]
         if failed:
             self.stop_hosts(failed)
 

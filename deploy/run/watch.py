@@ -15,6 +15,8 @@ from deploy.run.run import Run, RunSettings
 from deploy.run.signals import tearing_down
 from deploy.run.stopping import Stopper
 from deploy.cluster.session import StepFailed
+from deploy.plan.recovery import NoRecovery, recovered
+from deploy.run.restarts import BackupKeeper
 from deploy.state import lifetime
 from deploy.state.events import (
     FollowResumed, HostLost, RestartRefused, RunFailing, TaskEnded, TaskLastLines
@@ -38,8 +40,11 @@ class Watch:
         self.roles = run.plan.has_roles
         self.ending = False          # the chief finished: the others are being stopped
         self.quiet: set[str] = set()  # hosts whose follower ended with all their tasks
-        self.lost: set[str] = set()   # hosts given up on (no heartbeat)
+        self.lost = run.lost          # hosts given up on (no heartbeat), in this run
         self.tensorboard = LiveTensorBoard(run)
+        # --restarts: the chief's backup is copied here after each of its epochs.
+        self.chief = run.plan.chief.index if run.plan.options.backup else None
+        self.backup = BackupKeeper(run)
 
     def follow(self) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
@@ -58,8 +63,14 @@ class Watch:
                     if event is not None:
                         self.handle(event)
                     self.tensorboard.tick()
+                    self.backup.tick()
                     self.gpu_samples()
                     run.reporter.refresh()
+                if self.stopper.pending:
+                    # A stop still at work on a host would end what a relaunch starts there
+                    # (it signals the run directory's tasks): its answer is awaited first.
+                    self.stopper.wait_for_answers(lambda event: self.take(event, judged=False))
+                self.backup.settle()
         except KeyboardInterrupt:
             if run.interrupt_stops:
                 # Teardown begins here: a second interrupt abandons it (signals.py).
@@ -86,7 +97,7 @@ class Watch:
             return
         for hp in self.run.plan.hosts:
             tasks = self.host_tasks[hp.host.name]
-            if hp.host.name in self.lost or all(t.finished for t in tasks):
+            if hp.host.name in self.lost or not tasks or all(t.finished for t in tasks):
                 continue
             silent = self.run.session.agents[hp.host.name].silent_for()
             if silent > self.lost_after:
@@ -139,10 +150,12 @@ class Watch:
             task = tasks.get(key)
             if task is None:
                 continue
-            finished = task.finished
+            finished, epoch = task.finished, task.epoch
             self.run.apply(task, status)
             if task.finished and not finished and judged:
                 self.ended(task)
+            if task.index == self.chief and task.epoch != epoch and judged:
+                self.backup.epoch_ended()
 
     def ended(self, task: TaskProgress) -> None:
         """A task has ended (and its log is read): what that does to the run, by its role."""
@@ -222,7 +235,16 @@ def follow_to_end(run: Run, settings: RunSettings, restarter=None, new_ports=Non
             return
         if not restarter.may_restart(run):
             return
-        restarter.restart(run)
+        recovery = None
+        if any(hp.tasks for hp in run.plan.hosts if hp.host.name in run.lost):
+            # A host with tasks was lost: they go to a spare, or away (--shrink).
+            try:
+                recovery = recovered(run.plan.inventory, run.lost, settings.shrink,
+                                     settings.min_workers)
+            except NoRecovery as exc:
+                run.reporter.emit(RestartRefused(f"not restarting: {exc}"))
+                return
+        restarter.restart(run, recovery)
 
 
 def last_lines(task: TaskProgress, why: str, raw: bool) -> TaskLastLines:

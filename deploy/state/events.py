@@ -332,6 +332,18 @@ class Restarting(Event):
 
 
 @dataclass(frozen=True)
+class Recovering(Event):
+    """Lost hosts' tasks move to spares, or are given up (--shrink), for the next attempt."""
+    level: ClassVar[str] = WARNING
+    how: str
+    moved: Tuple[Tuple[str, str], ...]      # (lost host, the spare that takes its tasks)
+    dropped: Tuple[str, ...]                # lost hosts whose tasks are given up
+
+    def text(self) -> str:
+        return f"  {self.how}"
+
+
+@dataclass(frozen=True)
 class PortLost(Event):
     """A task's port was taken between the check and the launch: relaunching on new ports."""
     level: ClassVar[str] = WARNING
@@ -421,12 +433,18 @@ class RunSummary(Event):
     loss_plot: Optional[str] = None
     tensorboard: Optional[str] = None
     hint: Optional[str] = None         # what the run's view lacked, and how to have it
+    # Hosts lost during the run whose tasks went elsewhere (--restarts): not reached at its end.
+    lost_hosts: Tuple[str, ...] = ()
 
     def teardown_lines(self) -> list[str]:
-        if self.teardown_problems:
-            return [f"teardown: {problem}" for problem in self.teardown_problems]
-        return [f"teardown: no process of run {self.run_id} left; run directories removed on "
-                f"{self.hosts} host(s)"]
+        lines = [f"teardown: {problem}" for problem in self.teardown_problems] or [
+            f"teardown: no process of run {self.run_id} left; run directories removed on "
+            f"{self.hosts} host(s)"]
+        if self.lost_hosts:
+            lines.append(f"teardown: not reached: {', '.join(self.lost_hosts)}, lost during the "
+                         f"run; what is left there stays until `{command('down')} --run "
+                         f"{self.run_id}` once it answers")
+        return lines
 
     def file_lines(self) -> list[str]:
         lines = []

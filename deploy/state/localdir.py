@@ -13,6 +13,8 @@
                          payload writes them (TFDEPLOY_OUTPUT_DIR/tensorboard); while the run
                          is followed, a copy kept up after each epoch (livetensorboard.py)
     .tensorboard-*/      one fetch of those logs' new bytes, unpacked before they are added
+    backup/chief.tar.gz  the chief's TFDEPLOY_BACKUP_DIR as of its last epoch (--restarts):
+                         carried to the hosts of a new attempt, the chief's own lost or not
     batch.sh             a submitted run's batch script (`inv submit`, run/submitted.py)
     slurm-job.json       its Slurm job's id and when it was submitted
     slurm-<job>.out      the job's output: what the controller inside it printed
@@ -43,6 +45,11 @@ SLURM_JOB = "slurm-job.json"
 def job_output(local_dir: Path, job_id: str) -> Path:
     """A submitted run's job output (`%j` in the batch script: sbatch puts the id in)."""
     return local_dir / f"slurm-{job_id}.out"
+
+
+def kept_backup(local_dir: Path) -> Path:
+    """The controller's copy of the chief's backup (Session.keep_backup)."""
+    return local_dir / "backup" / "chief.tar.gz"
 
 
 def task_log(local_dir: Path, name: str) -> Path:

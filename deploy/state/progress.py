@@ -149,6 +149,13 @@ class TaskProgress:
         self.offset = self.size = self.offset + len(data)
         return new
 
+    def moved(self, host: str, gpu: str | None) -> None:
+        """From the next attempt on the task runs on `host` (its own was lost): its log there
+        starts empty, and the local log goes on where it ends (a partial line is dropped)."""
+        self.host, self.gpu = host, gpu
+        self.offset = self.size = 0
+        self.partial = b""
+
     def new_attempt(self) -> None:
         """The task is launched again (--restarts): a fresh state, the same log and offset."""
         self.state, self.code, self.pid, self.started, self.ended = "pending", None, None, None, None

@@ -70,8 +70,9 @@ def clean_up(controller: subprocess.Popen, run_id: str | None, hosts) -> None:
 def detach(inventory: Path, runs: Path, *extra: str) -> str:
     done = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--detach", *extra)
     assert done.returncode == 0, done.stdout + done.stderr
-    run_id = next(line.split()[1] for line in done.stdout.splitlines()
-                  if line.startswith("run ") and "detached" in line)
+    run_id = next((line.split()[1] for line in done.stdout.splitlines()
+                   if line.startswith("run ") and "detached" in line), None)
+    assert run_id, done.stdout + done.stderr
     assert f"inv logs --run {run_id} --follow" in done.stdout
     assert f"inv down --run {run_id}" in done.stdout
     return run_id

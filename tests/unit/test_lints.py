@@ -102,6 +102,9 @@ PS_HOSTS = ("hosts:\n  - {name: c, address: 127.0.0.2, role: chief}\n"
      "at most one evaluator"),
     ("hosts:\n  - {name: w, address: 127.0.0.3}\n"
      "  - {name: e, address: 127.0.0.5, role: evaluator}\n", "e", "give one host role: chief"),
+    ("hosts:\n  - {name: s, address: 127.0.0.3, role: spare}\n", "s", "every host is a spare"),
+    (PS_HOSTS + "  - {name: s, address: 127.0.0.5, role: spare}\n", "s",
+     "a parameter-server cluster cannot take one"),
 ])
 def test_clusters_tensorflow_cannot_run_are_refused_naming_host_and_field(text, host, says):
     (problem,) = lint(inventory(text), REPO / "payload")

@@ -199,7 +199,7 @@ def test_restarts_stop_when_used_up_or_when_a_stop_failed():
     assert restarter.may_restart(run)
     run.problems = ["h2: processes of the run still alive after SIGKILL: 123"]
     assert not restarter.may_restart(run)
-    run.problems, run.attempt = [], 2
+    run.problems, restarter.used = [], 1      # a restart was spent (a resumed run's own)
     assert not restarter.may_restart(run)
     assert [e.why for e in FakeRun.reporter.told] == [
         "not restarting: the failed attempt could not be stopped everywhere",
