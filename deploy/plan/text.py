@@ -81,9 +81,9 @@ def plan_text(plan: RunPlan) -> str:
     lines.append("cluster: " + json.dumps(tasks[0].tf_config["cluster"], separators=(",", ":")))
     for hp in plan.hosts:
         host = hp.host
-        where = {"local": "local subprocesses",
-                 "slurm": " ".join(srun_argv(host))}.get(host.transport,
-                                                         f"ssh {ssh_route(host)}")
+        where = ("local subprocesses" if host.transport == "local" else
+                 " ".join(srun_argv(host)) if host.transport == "slurm" else
+                 f"ssh {ssh_route(host)}")
         lines += ["", f"host {host.name} ({where}), run dir {hp.run_dir}",
                   f"  agent:  {agent_command(host).shown()}",
                   f"  push:   {hp.push.shown()}", f"  ports:  {hp.ports.shown()}"]

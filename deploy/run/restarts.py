@@ -154,18 +154,18 @@ def relaunch(run, restarts: int, carry_backup: bool,
         return None
     with reporter.status("carrying the chief's backup to every host…" if carry_backup
                          else "choosing new ports…"):
-        chief = run.plan.chief_host
+        chief, kept = run.plan.chief_host, localdir.kept_backup(run.dir)
         source = None
         if carry_backup and chief.host.name not in run.lost:
             # The freshest backup is the stopped chief's own; a lost chief's is the copy
             # kept after its last epoch.
-            if session.keep_backup(chief, run.limits, localdir.kept_backup(run.dir)) is None:
-                localdir.kept_backup(run.dir).unlink(missing_ok=True)   # it has none yet
+            if session.keep_backup(chief, run.limits, kept) is None:
+                kept.unlink(missing_ok=True)        # it has none yet
             source = chief.host.name
         if recovery is not None:
             run.replan(plan_run(recovery.inventory, run.plan.options, run.plan.run_id))
         carried = session.carry_backup(
-            run.reachable, run.filesystems, run.limits, localdir.kept_backup(run.dir), source,
+            run.reachable, run.filesystems, run.limits, kept, source,
             lambda line: reporter.emit(ArchiveNote(line))) if carry_backup else (0, [])
         ports = session.free_ports(run.reachable)
     run.plan = run.plan.with_ports(ports)

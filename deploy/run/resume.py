@@ -45,4 +45,3 @@ def resume(runs_dir: Path, run_id: str, inventory: Inventory | None, settings: R
     settings = dataclasses.replace(settings, run_id=name, runs_dir=runs_dir)
     return train(inventory, options, settings, reporter,
                  Resuming(attempt=record.attempt + 1, backup=backup))
-

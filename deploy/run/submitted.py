@@ -90,7 +90,7 @@ def submit(runs_dir: Path, payload: Path, entry: str, nodes: int, train_args: tu
     done = _client("sbatch", "--parsable", str(path))
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not JOB_ID.match(done.stdout.strip()):
-        (local_dir / localdir.BATCH_SCRIPT).unlink()
+        path.unlink()
         local_dir.rmdir()
         raise Failure(f"sbatch {path}: {_said(done)}")
     write_json(local_dir / localdir.SLURM_JOB, {"job_id": job_id, "run_id": run_id,
@@ -161,7 +161,8 @@ def show_output(local_dir: Path, job_id: str, follow: bool, reporter: Reporter) 
     path = localdir.job_output(local_dir, job_id)
     offset, partial, told = 0, b"", False
     while True:
-        active = job(job_id).active if follow else False
+        now = job(job_id)                   # one scontrol per round: its state and words
+        active = follow and now.active
         if path.is_file():
             with path.open("rb") as out:
                 out.seek(offset)
@@ -170,16 +171,15 @@ def show_output(local_dir: Path, job_id: str, follow: bool, reporter: Reporter) 
             *lines, partial = (partial + chunk).split(b"\n")
             for line in lines:
                 reporter.emit(JobOutput(line.decode("utf-8", "replace")))
-        elif follow and active and not told:
-            reporter.emit(RunNote(local_dir.name, f"{job(job_id).shown()}: waiting for it to "
-                                                  "start…"))
+        elif active and not told:
+            reporter.emit(RunNote(local_dir.name, f"{now.shown()}: waiting for it to start…"))
             told = True
         if not active:
             break
         time.sleep(POLL)
     if partial:
         reporter.emit(JobOutput(partial.decode("utf-8", "replace")))
-    reporter.emit(RunNote(local_dir.name, job(job_id).shown()))
+    reporter.emit(RunNote(local_dir.name, now.shown()))
     return 0
 
 

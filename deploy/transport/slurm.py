@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from deploy.inventory.slurm import srun_argv
-from deploy.transport.local import LocalTransport, login_environment
+from deploy.transport.local import LocalTransport
 
 # What srun needs of the controller's environment to reach its cluster: where its config is
 # (Slurm's clients find the rest through it). The allocation's own SLURM_* variables stay
@@ -25,5 +25,5 @@ class SlurmTransport(LocalTransport):
         return srun_argv(self.host) + super().argv("trap '' TERM; " + line)
 
     def environment(self) -> dict[str, str]:
-        return {**login_environment(),
+        return {**super().environment(),
                 **{k: os.environ[k] for k in CLIENT_VARIABLES if k in os.environ}}
