@@ -2,8 +2,9 @@
 TensorFlow: a host frozen at epoch 6 of 24 (SIGSTOP of its sshd and of every process of the
 run there, as a VM that vanishes), named after 5 s without heartbeats. With --restarts its
 tasks go to a `role: spare` host, or away (--shrink), and training resumes from the
-controller's copy of the chief's backup, the chief's own host lost or not. Once the lost
-host answers again, `inv down` leaves nothing of the run anywhere.
+controller's copy of the chief's backup, the chief's own host lost or not, and also where all
+four hosts share one workdir. Once the lost host answers again, `inv down` leaves nothing of
+the run anywhere.
 
 How long from the loss to the new attempt's first epoch is printed, not asserted.
 """
@@ -36,6 +37,18 @@ def four_hosts(tmp_path):
             yield lab, hosts
         finally:
             for pid in lab.pids:       # never leave a stopped server behind
+                signal_all(children({pid}), signal.SIGCONT)
+
+
+@pytest.fixture
+def four_sharing_a_workdir(tmp_path):
+    """Four hosts with one workdir between them, as an NFS home gives lab servers."""
+    with SshLab(tmp_path / "lab", first_octet=91) as lab:
+        hosts = lab.sharing_workdir(lab.start(4))
+        try:
+            yield lab, hosts
+        finally:
+            for pid in lab.pids:
                 signal_all(children({pid}), signal.SIGCONT)
 
 
@@ -127,6 +140,17 @@ def test_a_spare_takes_the_lost_hosts_tasks(four_hosts, tmp_path, lost):
     on = {t["endpoint"].rsplit(":", 1)[0] for t in record["tasks"]}
     assert hosts[3].address in on and hosts[lost].address not in on, record["tasks"]
     assert f"not reached: {hosts[lost].name}" in out, out
+    assert_down_leaves_nothing(runs, run_id, hosts)
+
+
+def test_a_spare_on_a_workdir_the_lost_host_shares(four_sharing_a_workdir, tmp_path):
+    """The lost host's run directory is the spare's too: its frozen tasks' files are there
+    when the spare's start."""
+    lab, hosts = four_sharing_a_workdir
+    controller, run_id, runs = lose_and_recover(tmp_path, lab, hosts, {3: "spare"}, 2,
+                                                "--restarts", "2")
+    assert controller.proc.returncode == 0, controller.output
+    assert_resumed(runs, run_id, workers=3)
     assert_down_leaves_nothing(runs, run_id, hosts)
 
 
