@@ -58,6 +58,9 @@ from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
 from deploy.state.events import CheckReported, PayloadLeftOut
 from deploy.state.localdir import private_umask
+from deploy.timeline import mark
+
+mark("imports")
 from deploy.state.record import new_run_id
 
 def task(**kwargs):

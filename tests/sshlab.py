@@ -1,7 +1,7 @@
 """A multi-host SSH lab on one machine: real OpenSSH servers on loopback addresses.
 
-Each lab host is its own ``sshd`` listening on 127.0.0.N (N = 2, 3, ...) and a free port, with
-its own host key and its own workdir. ``start(n, ipv6=True)`` puts them on ``::1`` instead, told
+Each lab host is its own ``sshd`` listening on 127.0.0.N (N = 2, 3, ...; past 254 on 127.0.1.N)
+and a free port, with its own host key and its own workdir. ``start(n, ipv6=True)`` puts them on ``::1`` instead, told
 apart by their ports alone (IPv6 has one loopback address). Clients log in as the current user with one lab key pair
 and verify hosts strictly against the lab's ``known_hosts``. All hosts are really this machine,
 so every host gets a distinct workdir; ``sharing_workdir`` gives hosts one workdir instead,
@@ -78,11 +78,13 @@ class SshLab:
     """Starts and stops lab sshd servers under ``base_dir``. Use as a context manager."""
 
     def __init__(self, base_dir: Path, *, first_octet: int = FIRST_HOST_OCTET,
-                 sshd: Path = SSHD) -> None:
+                 network: int = 0, sshd: Path = SSHD) -> None:
         self.base_dir = Path(base_dir).resolve()
         self.sshd = Path(sshd)
         self.user = getpass.getuser()
-        self._next_octet = first_octet
+        # Hosts go on 127.0.<network>.<first_octet>, then upwards, past .254 into the next
+        # network: more than 250 hosts (benchmarks/bench_timeline.py) fit.
+        self._next_address = network * 256 + first_octet
         self._count = 0
         self._servers: list[_Server] = []
         self.identity_file = self.base_dir / "id_ed25519"
@@ -251,10 +253,14 @@ class SshLab:
         raise AssertionError("unreachable")
 
     def _next_v4(self) -> str:
-        octet, self._next_octet = self._next_octet, self._next_octet + 1
-        if not 1 <= octet <= 254:
-            raise LabError(f"out of lab addresses: 127.0.0.{octet} is not a usable host address")
-        return f"127.0.0.{octet}"
+        if self._next_address % 256 == 255:
+            self._next_address += 2          # .255 and .0 of the next network are no hosts
+        network, octet = divmod(self._next_address, 256)
+        if not (1 <= octet <= 254 and network <= 255):
+            raise LabError(f"out of lab addresses: 127.0.{network}.{octet} is not a usable "
+                           "host address")
+        self._next_address += 1
+        return f"127.0.{network}.{octet}"
 
     def _new_host(self, address: str, port: int) -> tuple[LabHost, Path]:
         """The next host's name, directory and host key (made once)."""

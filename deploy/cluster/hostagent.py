@@ -26,7 +26,7 @@ from deploy.host.protocol import (
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.plan.planner import agent_command
-from deploy.cluster.hostzip import host_zip
+from deploy.cluster.hostzip import host_sources
 from deploy.transport.base import LineStream, Transport, TransportError
 
 
@@ -68,7 +68,7 @@ def boot_stdin() -> bytes:
     host package from memory, then the package, each headed by its length. Made once per
     controller, however many hosts."""
     boot = inspect.getsource(deploy.host.boot).encode()
-    package = host_zip()
+    package = host_sources()
     return b"%d\n" % len(boot) + boot + b"%d\n" % len(package) + package
 
 

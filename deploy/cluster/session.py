@@ -30,6 +30,7 @@ from deploy.cluster.hostagent import Body, HostAgent, StepFailed
 from deploy.cluster.parallel import HostsFailed, on_all, on_each
 from deploy.transport.base import CommandResult, Transport
 from deploy.transport.connect import connect
+from deploy.timeline import mark
 
 
 def checked(result: CommandResult, host: Host, step: str) -> CommandResult:
@@ -163,10 +164,12 @@ class Session:
         """Log in to every host and start its agent; the hosts where that failed, and why."""
         def start(host: Host) -> tuple[Transport, HostAgent]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
+            mark("login", host.name)
             agent = None
             try:
                 agent = HostAgent(host, transport)
                 agent.wait_started(connect_timeout)
+                mark("agent", host.name)
                 return transport, agent
             except BaseException:
                 if agent is not None:

@@ -2,16 +2,19 @@
 
 The controller starts `python -I -c BOOT` (deploy/plan/planner.py agent_command), and BOOT
 executes what comes first on stdin: this file, headed by its length. Then comes the package
-itself, tfdeploy-host.zip headed by its length, imported from memory; nothing is written on
-the host before the checks have said that it may be. Then the requests (agent.py).
+itself, its modules' sources as one compressed JSON object headed by its length
+(deploy/cluster/hostzip.py host_sources), imported from memory; nothing is written on the host
+before the checks have said that it may be. Then the requests (agent.py). Not the zip the
+supervisors run (tfdeploy-host.zip): importing zipfile would cost every agent's start more
+than all the rest of its loading.
 
 This file alone must parse and run its first lines on any Python 3 a lab server may have: an
 interpreter older than the package's oldest is refused in words (too_old), never by a traceback
 from whichever module first uses what it lacks. (Python 2 refuses `-I` itself.)
 """
-import io
+import json
 import sys
-import zipfile
+import zlib
 from importlib.machinery import ModuleSpec
 
 # The oldest Python the host package runs on: it uses typing.get_args and
@@ -29,12 +32,17 @@ def too_old():
         sys.executable, sys.version.split()[0], OLDEST_PYTHON[0], OLDEST_PYTHON[1])
 
 
-class ZipInMemory:
-    """An importer of the modules of a zip held in memory (`deploy/host/*.py`)."""
+# Where a traceback on a host says the package's code is: no file there has it.
+ORIGIN = "tfdeploy-host/"
 
-    def __init__(self, archive):
-        self.archive = archive
-        self.names = set(archive.namelist())
+
+class SourcesInMemory:
+    """An importer of the package's modules from their sources held in memory: {path in the
+    package ("deploy/host/agent.py"): source}."""
+
+    def __init__(self, sources):
+        self.sources = sources
+        self.names = set(sources)
 
     def _file(self, fullname):
         base = fullname.replace(".", "/")
@@ -47,7 +55,7 @@ class ZipInMemory:
         name, package = self._file(fullname)
         if name is None:
             return None
-        return ModuleSpec(fullname, self, origin="tfdeploy-host.zip/" + name, is_package=package)
+        return ModuleSpec(fullname, self, origin=ORIGIN + name, is_package=package)
 
     def create_module(self, spec):
         return None
@@ -58,15 +66,19 @@ class ZipInMemory:
         exec(compile(source, module.__file__, "exec"), module.__dict__)
 
     def get_source(self, fullname):
-        return self.archive.read(self._file(fullname)[0]).decode("utf-8")
+        return self.sources[self._file(fullname)[0]]
+
+
+def unpacked(package):
+    """The sources in the package as host_sources made it."""
+    return json.loads(zlib.decompress(package).decode("utf-8"))
 
 
 def load(stream):
-    """Read the package (its length on a line, then the zip) from `stream` and make it
-    importable."""
+    """Read the package (its length on a line, then the compressed sources) from `stream` and
+    make it importable."""
     size = int(stream.readline())
-    archive = zipfile.ZipFile(io.BytesIO(stream.read(size)))
-    sys.meta_path.insert(0, ZipInMemory(archive))
+    sys.meta_path.insert(0, SourcesInMemory(unpacked(stream.read(size))))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ Paths are joined with "/" so that a leading `~/` stays for the host's shell to e
 import hashlib
 import re
 
-from deploy.host.protocol import HostError
+from deploy.host.hosterror import HostError
 
 RUNS = "runs"
 # What a run id looks like (the controller's new_run_id makes them): it names directories

@@ -1,13 +1,13 @@
 """The host package as a program of its own: `python -I tfdeploy-host.zip supervise RUNDIR
 TASK -- ARGV...`, the one thing that must outlive the run's agent (agent.py, which takes every
 other step as a request): the supervisor of each task, which runs ARGV in the task's process
-group and records its exit code (tasks.py)."""
+group and records its exit code (supervisor.py)."""
 import os
 import sys
 
-from deploy.host import tasks
+from deploy.host.supervisor import supervise
 from deploy.host.layout import checked_task_key
-from deploy.host.protocol import HostError
+from deploy.host.hosterror import HostError
 
 
 def main(argv):
@@ -24,7 +24,7 @@ def run_verb(argv):
     if len(head) != 3 or head[0] != "supervise":
         raise HostError("usage: supervise RUNDIR TASK -- ARGV... (not %r)" % argv[:4])
     _, rundir, task = head
-    tasks.supervise(rundir, checked_task_key(task), argv[argv.index("--") + 1:])
+    supervise(rundir, checked_task_key(task), argv[argv.index("--") + 1:])
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Mapping, Optional, Tuple, Union, get_args, get_origin, get_type_hints
+
+from deploy.host.records import Frozen, record
 
 # A task's state as its host reports it (deploy/host/tasks.py statuses).
 STATES = ("pending", "running", "exited", "lost")
@@ -47,11 +49,6 @@ class ProtocolError(ValueError):
         super().__init__("bad %s %s %s: %s %s" % (
             what, "to" if what == "answer" else "for", verb, where or "the " + what, problem))
         self.verb, self.where = verb, where
-
-
-class HostError(Exception):
-    """What a host cannot do, in words for the user (a directory that is not a run's, a task
-    that is not one, data that is not there): the agent answers it as the request's error."""
 
 
 def quoted(value):
@@ -167,7 +164,7 @@ def _positive(fields, key, value):
     return value
 
 
-class Answer:
+class Answer(Frozen):
     """An answer type: `decode(doc, verb)` checks a document and returns the value."""
 
     @classmethod
@@ -179,7 +176,7 @@ class Answer:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-@dataclass(frozen=True)
+@record
 class Done(Answer):
     """An answer that says nothing but that the verb was done (and whatever it sends is
     not looked at): a credit's, an unknown verb's."""
@@ -190,7 +187,7 @@ class Done(Answer):
         return cls()
 
 
-@dataclass(frozen=True)
+@record
 class Beat(Answer):
     """{"beat": time}: the agent is there (every second); on a host running GPU tasks, now
     and then each GPU's [utilisation %, memory in use MiB] by index (`gpus`)."""
@@ -219,8 +216,8 @@ def error_of(doc, verb):
     return Fields(doc, verb).text("error") or "an error without a message"
 
 
-@dataclass(frozen=True)
-class TaskStatus:
+@record
+class TaskStatus(Frozen):
     """A task as its host sees it, and its log bytes from `offset - len(data)` on."""
     state: str
     size: int
@@ -248,7 +245,7 @@ class TaskStatus:
                    ended=fields.number("ended", required=False))
 
 
-@dataclass(frozen=True)
+@record
 class Tasks(Answer):
     """`poll`, and each frame of a `follow`: task key -> TaskStatus; a follow's last frame
     says `end` instead."""
@@ -265,7 +262,7 @@ class Tasks(Answer):
                     for key, status in tasks.items()})
 
 
-@dataclass(frozen=True)
+@record
 class Launched(Answer):
     pid: int
     pgid: int
@@ -277,7 +274,7 @@ class Launched(Answer):
         return cls(fields.int("pid"), fields.int("pgid"), fields.number("started"))
 
 
-@dataclass(frozen=True)
+@record
 class Stopped(Answer):
     """`stop`, `cleanup` (and inv setup's cleanup command): what was signalled (task ->
     signal names), the pids still alive after KILL, the pids of processes that had left
@@ -301,7 +298,7 @@ class Stopped(Answer):
                    kept=fields.text("kept", required=False))
 
 
-@dataclass(frozen=True)
+@record
 class Ports(Answer):
     ports: Tuple[int, ...]
 
@@ -315,8 +312,8 @@ class Ports(Answer):
         return cls(ports)
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+@record
+class GpuProcess(Frozen):
     """A compute process on a GPU, as nvidia-smi lists it, with its user (from /proc)."""
     pid: int
     user: Optional[str]
@@ -329,8 +326,8 @@ class GpuProcess:
                    fields.int("used_memory", required=False), fields.text("name"))
 
 
-@dataclass(frozen=True)
-class Gpu:
+@record
+class Gpu(Frozen):
     """One GPU of a host (deploy/host/gpus.py query): memory in MiB, utilisation in %; None
     where the board has no value ([N/A], [Not Supported])."""
     index: int
@@ -358,7 +355,7 @@ def _gpus(fields, key="gpus"):
     return tuple(Gpu.decode(g) for g in found[:MAX_GPUS])
 
 
-@dataclass(frozen=True)
+@record
 class Probe(Answer):
     """What `inv check` learns of a host (deploy/host/probe.py probe)."""
     python: str
@@ -389,7 +386,7 @@ class Probe(Answer):
                    data_problem=fields.text("data_problem", required=False))
 
 
-@dataclass(frozen=True)
+@record
 class MeshListening(Answer):
     """`mesh-listen`, driven by the controller: the ports listened on. A probe that is not
     driven (its spec without `driven`) answers with its result at once (MeshResult)."""
@@ -404,7 +401,7 @@ class MeshListening(Answer):
         return cls(fields.ints("listening"), _text_map(fields, "bind_errors"))
 
 
-@dataclass(frozen=True)
+@record
 class MeshDialed(Answer):
     dialed: int
 
@@ -413,8 +410,8 @@ class MeshDialed(Answer):
         return cls(Fields(doc, verb).int("dialed"))
 
 
-@dataclass(frozen=True)
-class Connect:
+@record
+class Connect(Frozen):
     """One dial of the mesh probe: to `host`'s `address`:`port`, answered or why not."""
     address: str
     port: int
@@ -430,7 +427,7 @@ class Connect:
                    detail=fields.text("detail", required=False, default=""))
 
 
-@dataclass(frozen=True)
+@record
 class MeshResult(Answer):
     connects: Tuple[Connect, ...]
     accepted: Mapping[str, int]
@@ -447,7 +444,7 @@ class MeshResult(Answer):
                    _text_map(fields, "bind_errors"))
 
 
-@dataclass(frozen=True)
+@record
 class Pushed(Answer):
     """`push`, `data-push`: what the cache lacks (sha256s) and the room there; `receive`,
     `data-receive`: what came. Push bookkeeping (deploy/push) keeps these as documents."""
@@ -479,13 +476,13 @@ class Pushed(Answer):
         return doc
 
 
-@dataclass(frozen=True)
+@record
 class Archived(Done):
     """`tar-out`: the folder as tar.gz, in the frame's body (on the controller: a file on
     disk, never memory; nothing when the folder does not exist)."""
 
 
-@dataclass(frozen=True)
+@record
 class GpuPlacement(Answer):
     """`gpu-place`: the GPU indices the host's tasks get, leased for the run; or why not."""
     indices: Tuple[int, ...] = ()
@@ -497,7 +494,7 @@ class GpuPlacement(Answer):
         return cls(fields.ints("indices")[:MAX_GPUS], fields.text("problem", required=False))
 
 
-@dataclass(frozen=True)
+@record
 class Tails(Answer):
     """`tail`: the new bytes of a folder's files, as tar.gz in the frame's body (a file on
     the controller), and where each piece starts in its file, by the file's relative name."""
@@ -513,7 +510,7 @@ class Tails(Answer):
         return cls(checked)
 
 
-@dataclass(frozen=True)
+@record
 class Unpacked(Answer):
     """`replace-backup`: the files unpacked, and the members skipped (name, why), the first
     few of `skipped_count`."""
@@ -532,13 +529,13 @@ class Unpacked(Answer):
                    fields.int("skipped_count", required=False, default=0))
 
 
-@dataclass(frozen=True)
-class Freed:
+@record
+class Freed(Frozen):
     count: int
     bytes: int
 
 
-@dataclass(frozen=True)
+@record
 class Pruned(Answer):
     """`prune`: what was (or would be) freed, by kind."""
     files: Freed
@@ -556,7 +553,7 @@ class Pruned(Answer):
         return cls(freed("files"), freed("envs"), freed("runs"))
 
 
-@dataclass(frozen=True)
+@record
 class EnvStatus(Answer):
     """inv setup's `env-status`: whether the environment exists (its versions then)."""
     ready: bool
@@ -571,7 +568,7 @@ class EnvStatus(Answer):
                    _versions(fields, required=False))
 
 
-@dataclass(frozen=True)
+@record
 class SetupEvent(Answer):
     """One frame of inv setup's build (`env-build`): a step or a log line (`text`), or its end
     (`done`: the environment, reused or built, and its versions). A failed build is the
@@ -608,7 +605,7 @@ def _registered(verb, answer):
     return register
 
 
-class HostRequest:
+class HostRequest(Frozen):
     """A request to a host's agent: its fields are the request; `verb` names it on the wire
     and `answer` is the type of its answer."""
     verb = ""
@@ -731,7 +728,7 @@ def _home(path):
 
 
 @_registered("probe", Probe)
-@dataclass(frozen=True)
+@record
 class ProbeRequest(HostRequest):
     """What `inv check` learns of a host; `requirements` names the `inv setup` environment
     whose python answers where it exists (deploy/host/probe.py comes as the body then)."""
@@ -742,21 +739,21 @@ class ProbeRequest(HostRequest):
 
 
 @_registered("ports", Ports)
-@dataclass(frozen=True)
+@record
 class PortsRequest(HostRequest):
     """`count` ports free on this host now."""
     count: int
 
 
 @_registered("ports-free", Ports)
-@dataclass(frozen=True)
+@record
 class PortsFreeRequest(HostRequest):
     """Which of `ports` are free on this host now (an in-place relaunch's port, before it)."""
     ports: Tuple[int, ...]
 
 
 @_registered("mesh-listen", MeshListening)
-@dataclass(frozen=True)
+@record
 class MeshListenRequest(HostRequest):
     """The mesh probe's first phase (deploy/host/probe.py mesh): listen on `listen` (port ->
     callers expected), later dial `targets` ((address, port, host) each)."""
@@ -770,18 +767,18 @@ class MeshListenRequest(HostRequest):
 
 
 @_registered("mesh-dial", MeshDialed)
-@dataclass(frozen=True)
+@record
 class MeshDialRequest(HostRequest):
     pass
 
 
 @_registered("mesh-close", MeshResult)
-@dataclass(frozen=True)
+@record
 class MeshCloseRequest(HostRequest):
     pass
 
 
-@dataclass(frozen=True)
+@record
 class _Push(HostRequest):
     """The payload's push into `rundir`, by way of the host's file cache. `host` and `tasks`
     (task keys, "worker-0,worker-1"): this host's membership of the run directory, which
@@ -793,18 +790,18 @@ class _Push(HostRequest):
 
 
 @_registered("push", Pushed)
-@dataclass(frozen=True)
+@record
 class PushRequest(_Push):
     """The stage (the body) unpacked, then what the cache lacks."""
 
 
 @_registered("receive", Pushed)
-@dataclass(frozen=True)
+@record
 class ReceiveRequest(_Push):
     """The files the cache lacked, following the request on the channel."""
 
 
-@dataclass(frozen=True)
+@record
 class _DataPush(HostRequest):
     rundir: str
     data_dir: str
@@ -812,19 +809,19 @@ class _DataPush(HostRequest):
 
 
 @_registered("data-push", Pushed)
-@dataclass(frozen=True)
+@record
 class DataPushRequest(_DataPush):
     """The data manifest (the body) unpacked, then what the data cache lacks."""
 
 
 @_registered("data-receive", Pushed)
-@dataclass(frozen=True)
+@record
 class DataReceiveRequest(_DataPush):
     """The data files the cache lacked, following the request on the channel."""
 
 
 @_registered("launch", Launched)
-@dataclass(frozen=True)
+@record
 class LaunchRequest(HostRequest):
     """Start task `task` (its key) detached: `argv` in `cwd`, with the request's environment;
     by the python of the `inv setup` environment for `requirements` where it exists."""
@@ -837,7 +834,7 @@ class LaunchRequest(HostRequest):
     nccl_address: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@record
 class _TaskLogs(HostRequest):
     """The tasks of the run in `rundir` named in `offsets`, and their logs from those bytes on
     (task key -> byte)."""
@@ -846,26 +843,26 @@ class _TaskLogs(HostRequest):
 
 
 @_registered("poll", Tasks)
-@dataclass(frozen=True)
+@record
 class PollRequest(_TaskLogs):
     """Each task's state, and its log, now."""
 
 
 @_registered("follow", Tasks)
-@dataclass(frozen=True)
+@record
 class FollowRequest(_TaskLogs):
     """A frame per change of the tasks' states or logs, until every task has ended."""
 
 
 @_registered("credit", Done)
-@dataclass(frozen=True)
+@record
 class CreditRequest(HostRequest):
     """One more frame for the follow of request id `follow`."""
     follow: int
 
 
 @_registered("stop", Stopped)
-@dataclass(frozen=True)
+@record
 class StopRequest(HostRequest):
     """TERM to every task, KILL after `grace` seconds."""
     rundir: str
@@ -873,7 +870,7 @@ class StopRequest(HostRequest):
 
 
 @_registered("cleanup", Stopped)
-@dataclass(frozen=True)
+@record
 class CleanupRequest(HostRequest):
     """Stop, then delete the run directory once no other host sharing it (`host`: this one's
     name) still uses it."""
@@ -883,7 +880,7 @@ class CleanupRequest(HostRequest):
 
 
 @_registered("tar-out", Archived)
-@dataclass(frozen=True)
+@record
 class TarOutRequest(HostRequest):
     """`folder` as tar.gz, refused past `max_bytes` of files or `max_members` members."""
     folder: str
@@ -892,7 +889,7 @@ class TarOutRequest(HostRequest):
 
 
 @_registered("gpu-place", GpuPlacement)
-@dataclass(frozen=True)
+@record
 class GpuPlaceRequest(HostRequest):
     """GPUs for the host's tasks, each leased for `run_id` (deploy/host/gpus.py place):
     `indices` as listed, or `count` free ones, or (neither) every free one; busy ones refused
@@ -904,14 +901,14 @@ class GpuPlaceRequest(HostRequest):
 
 
 @_registered("gpu-release", Done)
-@dataclass(frozen=True)
+@record
 class GpuReleaseRequest(HostRequest):
     """Let go of the run's GPU leases on this host (a run refused after some were taken)."""
     run_id: str
 
 
 @_registered("tail", Tails)
-@dataclass(frozen=True)
+@record
 class TailRequest(HostRequest):
     """The bytes of each file under `folder` past its size in `sizes` (by relative name; a
     file not named there: all of it), at most `max_bytes` and `max_members` files a time."""
@@ -922,7 +919,7 @@ class TailRequest(HostRequest):
 
 
 @_registered("replace-backup", Unpacked)
-@dataclass(frozen=True)
+@record
 class ReplaceBackupRequest(HostRequest):
     """The run's backup/ replaced by the tar.gz that comes as the body, within the limits."""
     rundir: str
@@ -931,7 +928,7 @@ class ReplaceBackupRequest(HostRequest):
 
 
 @_registered("prune", Pruned)
-@dataclass(frozen=True)
+@record
 class PruneRequest(HostRequest):
     """Free what no run needs (what to keep comes as the body, JSON), older than
     `older_than` days; with `dry_run`, only say what."""
@@ -942,7 +939,7 @@ class PruneRequest(HostRequest):
 
 
 @_registered("env-status", EnvStatus)
-@dataclass(frozen=True)
+@record
 class EnvStatusRequest(HostRequest):
     """inv setup's first step: the stage (run.json and requirements.txt, the body) unpacked
     into `rundir` after the workdir check, then whether this host's environment for those
@@ -951,7 +948,7 @@ class EnvStatusRequest(HostRequest):
 
 
 @_registered("env-build", SetupEvent)
-@dataclass(frozen=True)
+@record
 class EnvBuildRequest(HostRequest):
     """Build (or reuse) the environment of `rundir`'s requirements.txt, a frame per step and
     pip line; `host` names this host to hosts sharing the workdir that wait for its build;

@@ -32,7 +32,7 @@ from deploy.host.envkey import ENV_NAME, built_from
 from deploy.host.layout import (
     BUILD_PID, CACHE, DATA_MANIFEST, ENVS, MANIFEST, RUN_FILE, RUN_ID, RUNS, task_file, task_keys
 )
-from deploy.host.protocol import HostError
+from deploy.host.hosterror import HostError
 from deploy.host.rundir import read_json
 from deploy.host.share import member_tasks
 from deploy.host.teardown import group_members

@@ -4,7 +4,7 @@ import os
 import secrets
 
 from deploy.host.layout import RUN_FILE, in_run
-from deploy.host.protocol import HostError
+from deploy.host.hosterror import HostError
 
 
 def read_json(path):

@@ -2,11 +2,10 @@
 states and new log bytes to the controller (one answer, or a live stream).
 
 A task runs in a session and process group of its own under a supervisor (this package
-again, `supervise`), which records its exit code: a dropped SSH connection ends nothing, and
+again: supervisor.py), which records its exit code: a dropped SSH connection ends nothing, and
 teardown (teardown.py) finds every process by its group and the run id in its environment.
 """
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,12 +13,28 @@ import time
 
 from deploy.host.envkey import env_python
 from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
-from deploy.host.protocol import FINAL_STATES, LOG_CHUNK, HostError
+from deploy.host.hosterror import HostError
+from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.teardown import group_exists, group_members
 
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
 PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
+
+# How many supervisors this agent started have exited: a follow waiting out its interval
+# looks again as soon as one does, so a task's end reaches the controller at once.
+_ends = 0
+_ended = threading.Condition()
+
+
+def _reap(proc):
+    """Wait for a supervisor (its zombie would keep the task's process group alive to every
+    check) and tell the follows it ended."""
+    global _ends
+    proc.wait()
+    with _ended:
+        _ends += 1
+        _ended.notify_all()
 
 
 def set_aside(rundir, task, attempt):
@@ -77,28 +92,11 @@ def launch(rundir, task, cwd, argv, requirements, variables):
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, close_fds=True)
     log.close()
-    # The agent that started it lives as long as the run: it must reap the supervisor, whose
-    # zombie would otherwise keep the task's process group alive to every check.
-    threading.Thread(target=proc.wait, daemon=True).start()
+    # The agent that started it lives as long as the run: it reaps the supervisor.
+    threading.Thread(target=_reap, args=(proc,), daemon=True).start()
     info = {"pid": proc.pid, "pgid": proc.pid, "started": time.time()}
     write_json_atomic(task_file(rundir, task, "pid"), info)
     return info
-
-
-def supervise(rundir, task, argv):
-    # Stay alive through TERM/INT so the exit code gets recorded; a handler (not SIG_IGN) is
-    # used because ignored signals would be inherited by the training process across exec.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)
-    try:
-        code = subprocess.call(argv)
-    except OSError as exc:
-        print("tfdeploy: cannot start %s: %s" % (argv[0], exc), flush=True)
-        code = 127
-    if code < 0:
-        code = 128 - code
-    write_json_atomic(task_file(rundir, task, "exit"), {"code": code, "ended": time.time()})
-    return {}
 
 
 def statuses(rundir, offsets, thorough=True):
@@ -150,6 +148,7 @@ def follow(rundir, offsets, send, interval=0.1):
     offsets = dict(offsets)
     last = {}
     while True:
+        ends = _ends
         tasks = statuses(rundir, offsets, thorough=False)
         changed, chunks = {}, {}
         for task, (status, data) in tasks.items():
@@ -170,4 +169,5 @@ def follow(rundir, offsets, send, interval=0.1):
         # theirs), and at full speed once they have ended.
         behind = [s for s, _ in tasks.values() if s["offset"] < s["size"]]
         if not behind or any(s["state"] == "running" for s in behind):
-            time.sleep(interval)
+            with _ended:
+                _ended.wait_for(lambda: _ends != ends, interval)

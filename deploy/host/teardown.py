@@ -11,7 +11,7 @@ import time
 
 from deploy.host import share
 from deploy.host.layout import BUILD_PID, RUNS, in_run, task_file, task_keys
-from deploy.host.protocol import HostError
+from deploy.host.hosterror import HostError
 from deploy.host.rundir import read_json, run_id_of
 
 

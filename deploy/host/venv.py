@@ -38,7 +38,7 @@ from deploy.host.envkey import env_dir
 from deploy.host.layout import (
     BUILD_PID, ENV_BUILD, ENV_REPLACED, REQUIREMENTS, WHEELHOUSE, in_run, workdir_of
 )
-from deploy.host.protocol import HostError
+from deploy.host.hosterror import HostError
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 
 MARKER = "tfdeploy-env.json"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -103,6 +102,7 @@ def requires_python_need(what: str, requires_python: str) -> PythonNeed | None:
 
 def controller_need() -> PythonNeed | None:
     """What the TensorFlow beside the controller needs (its Requires-Python), or None."""
+    from importlib import metadata    # only here: importing it costs a twentieth of a second
     for name in PACKAGES["tensorflow"]:
         try:
             meta = metadata.metadata(name)

@@ -21,6 +21,7 @@ from deploy.plan.pythons import PythonNeed
 from deploy.run.mesh import probe_mesh
 from deploy.cluster.session import Session, gather
 from deploy.state.events import CheckReported, HostsChecked, Reporter
+from deploy.timeline import mark
 
 PROBE_TIMEOUT = 60.0
 
@@ -51,6 +52,7 @@ def run_checks(inventory: Inventory, session: Session,
         return session.agents[c.host.name].ask(probe_request(c.host, requirements), "probe",
                                                source if requirements else b"")
     answers, errors = gather({c.host.name: ask(c) for c in connected}, PROBE_TIMEOUT)
+    mark("probe")
     for c in connected:
         if c.host.name in errors:
             c.problems.append(str(errors[c.host.name]))
@@ -64,6 +66,7 @@ def run_checks(inventory: Inventory, session: Session,
     elif probed:
         answers, errors = probe_mesh(probed, session.agents, mesh_specs(probed, secrets.token_hex(8)))
         judge_mesh(probed, answers, errors)
+        mark("mesh")
     report.seconds = time.monotonic() - started
     return report
 

@@ -43,6 +43,7 @@ from deploy.state.events import (
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
 )
+from deploy.timeline import mark
 
 
 @dataclass
@@ -66,19 +67,24 @@ class Resuming:
 def train(inventory: Inventory, options: Options, settings: RunSettings,
           reporter: Reporter, resuming: Resuming | None = None) -> int:
     prepared = prepare(inventory, options, settings, reporter)
+    mark("plan")
     session, checked_ports = connect_and_check(prepared, settings, reporter)
     prepared, checked_ports = on_gpus(prepared, session, settings, reporter, checked_ports)
     run = start_records(prepared, session, settings, reporter)
     with ending(run, settings) as end:
         push(run, prepared)
+        mark("push")
         if resuming is not None:
             carry_kept_backup(run, resuming)
         launch(run, checked_ports, settings)
+        mark("launch")
         end.launched = True
         if settings.detach and _all_running(run):
             end.code = _detach(run, settings)
             return end.code
         follow(run, settings)
+        mark("tasks ended")
+    mark("teardown")
     return end.code
 
 

@@ -22,6 +22,7 @@ from deploy.state.events import (
     FollowResumed, HostLost, RestartRefused, RunFailing, TaskEnded, TaskLastLines
 )
 from deploy.state.progress import TaskProgress
+from deploy.timeline import mark
 
 
 class Watch:
@@ -45,6 +46,7 @@ class Watch:
         # --restarts: the chief's backup is copied here after each of its epochs.
         self.chief = run.plan.chief.index if run.plan.options.backup else None
         self.backup = BackupKeeper(run)
+        self.answered = False        # a follow's first answer is a phase's end (timeline)
 
     def follow(self) -> None:
         """Stream every task's log until all have ended; on the first failure stop the rest."""
@@ -145,6 +147,9 @@ class Watch:
         if event.kind == "stopped":
             self.stopper.answered(event.host, event.stopped)
             return
+        if not self.answered:
+            self.answered = True
+            mark("first follow answer")
         tasks = self.by_key[event.host]
         for key, status in event.tasks.tasks.items():
             task = tasks.get(key)

@@ -4,10 +4,10 @@ Orchestration (deploy/run/) never prints. It emits events; a reporter decides wh
 programs see: the live view and plain lines (deploy/console/reporter.py), or JSON lines for
 scripts and CI (`--json`, the same module).
 
-Every event is a frozen dataclass of plain values (str, int, float, bool, None, and tuples or
-mappings of those), so that any reporter can show it and `as_json` can write it; two carry a
-richer value and say themselves how it is written (the check's report, a task's new log
-bytes, decoded only where they are shown). Its `kind` is
+Every event is a frozen record (deploy/host/records.py) of plain values (str, int, float,
+bool, None, and tuples or mappings of those), so that any reporter can show it and `as_json` can
+write it; two carry a richer value and say themselves how it is written (the check's report, a
+task's new log bytes, decoded only where they are shown). Its `kind` is
 its name on the JSON stream (`task_started`...); its `text()` is the line a person reads, and
 its `level` how it should stand out. Host text in an event (a log line, an error a host sent)
 is carried as it came; each reporter shows it inert.
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 from typing import ClassVar, ContextManager, Mapping, Optional, Protocol, Tuple
 
 from deploy.commandline import command
 from deploy.host.archive import size
+from deploy.host.records import Frozen, record
 from deploy.plan.checks import CheckReport, rows
 from deploy.state.envprogress import HostProgress
 from deploy.state.progress import NewLines, TaskProgress
@@ -29,8 +29,8 @@ from deploy.state.record import RunRecord
 INFO, NOTE, WARNING, ERROR, GOOD = "info", "note", "warning", "error", "good"
 
 
-@dataclass(frozen=True)
-class Event:
+@record
+class Event(Frozen):
     level: ClassVar[str] = INFO
 
     @classmethod
@@ -70,7 +70,7 @@ class Reporter(Protocol):
 
 # --- a run -----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record
 class RunPlanned(Event):
     run_id: str
     tasks: int
@@ -80,7 +80,7 @@ class RunPlanned(Event):
         return f"run {self.run_id}: {self.tasks} task(s) on {self.hosts} host(s)"
 
 
-@dataclass(frozen=True)
+@record
 class HostsChecked(Event):
     """The checks found every host ready (`inv train`'s first step)."""
     level: ClassVar[str] = GOOD
@@ -92,7 +92,7 @@ class HostsChecked(Event):
                 "and the TCP mesh are fine")
 
 
-@dataclass(frozen=True)
+@record
 class CheckReported(Event):
     """The check's table (`inv check`, or `inv train` when a host is not ready): a row per host,
     then every problem in words."""
@@ -112,7 +112,7 @@ class CheckReported(Event):
                 "problems": list(report.all_problems)}
 
 
-@dataclass(frozen=True)
+@record
 class PayloadLeftOut(Event):
     """What of tfdeploy's own lies inside the payload and stays home (push/bundle.py)."""
     paths: tuple[str, ...]
@@ -122,7 +122,7 @@ class PayloadLeftOut(Event):
                 f"directory and .tfdeploy*)")
 
 
-@dataclass(frozen=True)
+@record
 class GpusPlaced(Event):
     """The GPUs each placing host gave its tasks, leased for the run (run/gpuplace.py)."""
     hosts: tuple[tuple[str, tuple[int, ...]], ...]
@@ -132,7 +132,7 @@ class GpusPlaced(Event):
                                     for name, indices in self.hosts)
 
 
-@dataclass(frozen=True)
+@record
 class RecordsAt(Event):
     path: str
 
@@ -140,7 +140,7 @@ class RecordsAt(Event):
         return f"local records in {self.path}"
 
 
-@dataclass(frozen=True)
+@record
 class Pushed(Event):
     """What a push sent: of the payload's or the data's files, how many some host lacked, and
     to how many hosts (deploy/push/)."""
@@ -150,7 +150,7 @@ class Pushed(Event):
         return self.line
 
 
-@dataclass(frozen=True)
+@record
 class TasksStarted(Event):
     tasks: int
     seconds: float
@@ -161,7 +161,7 @@ class TasksStarted(Event):
                 + ", ".join(self.cluster))
 
 
-@dataclass(frozen=True)
+@record
 class TaskOutput(Event):
     """New whole lines of a task's log, as its host wrote them (`new`, kept as the bytes they
     came as: a flood is decoded only where it is shown). `raw`: every line is to be shown as
@@ -178,7 +178,7 @@ class TaskOutput(Event):
                 "lines": self.new.all()}
 
 
-@dataclass(frozen=True)
+@record
 class TaskProgressed(Event):
     """A task's state or epoch changed (from its host's answers and its log's event lines)."""
     task: str
@@ -190,7 +190,7 @@ class TaskProgressed(Event):
     metrics: Mapping[str, float]
 
 
-@dataclass(frozen=True)
+@record
 class TaskLastLines(Event):
     """Why a task stopped the run, with its last log lines (the console's red panel)."""
     level: ClassVar[str] = ERROR
@@ -204,7 +204,7 @@ class TaskLastLines(Event):
         return f"{self.task} on {self.host}: {self.why} — last log lines"
 
 
-@dataclass(frozen=True)
+@record
 class TaskEnded(Event):
     """A task ended and the run goes on (or, the chief's success, ends well): `effect` says
     which (`run_done`, `goes_on`, `coordinator_goes_on`)."""
@@ -226,7 +226,7 @@ class TaskEnded(Event):
         return f"{self.task} ({self.host}) ended ({self.reason}); the run goes on without it"
 
 
-@dataclass(frozen=True)
+@record
 class RunFailing(Event):
     """The run fails and the other tasks are being stopped: `why` (a task failed, the startup
     watchdog, a port lost twice)."""
@@ -237,7 +237,7 @@ class RunFailing(Event):
         return self.why
 
 
-@dataclass(frozen=True)
+@record
 class HostLost(Event):
     level: ClassVar[str] = ERROR
     host: str
@@ -249,7 +249,7 @@ class HostLost(Event):
                                                   if self.stopping else "")
 
 
-@dataclass(frozen=True)
+@record
 class FollowResumed(Event):
     """A host's follow broke and is asked again from where it was."""
     level: ClassVar[str] = WARNING
@@ -260,7 +260,7 @@ class FollowResumed(Event):
         return f"following {self.host}: {self.error}"
 
 
-@dataclass(frozen=True)
+@record
 class Interrupted(Event):
     """Ctrl-C or SIGTERM: every task of the run is being stopped."""
     level: ClassVar[str] = WARNING
@@ -278,7 +278,7 @@ def _found_again(run_id: str, runs_dir_flag: str) -> str:
             f"  stop it:    {command('down')} --run {run_id}{runs_dir_flag}")
 
 
-@dataclass(frozen=True)
+@record
 class Detached(Event):
     """The run goes on without this controller; how to find it again."""
     run_id: str
@@ -292,7 +292,7 @@ class Detached(Event):
                 f"was torn down.\n" + _found_again(rid, flag))
 
 
-@dataclass(frozen=True)
+@record
 class FollowStopped(Event):
     """`inv logs --follow` stopped following; the run goes on."""
     level: ClassVar[str] = WARNING
@@ -304,7 +304,7 @@ class FollowStopped(Event):
                 f"{command('down')} --run {self.run_id}{self.runs_dir_flag}")
 
 
-@dataclass(frozen=True)
+@record
 class RestartRefused(Event):
     level: ClassVar[str] = ERROR
     why: str
@@ -313,7 +313,7 @@ class RestartRefused(Event):
         return self.why
 
 
-@dataclass(frozen=True)
+@record
 class Restarting(Event):
     """A relaunch under --restarts (of every task, or of one worker in place)."""
     level: ClassVar[str] = WARNING
@@ -331,7 +331,7 @@ class Restarting(Event):
                 "backup, relaunching…")
 
 
-@dataclass(frozen=True)
+@record
 class Recovering(Event):
     """Lost hosts' tasks move to spares, or are given up (--shrink), for the next attempt."""
     level: ClassVar[str] = WARNING
@@ -343,7 +343,7 @@ class Recovering(Event):
         return f"  {self.how}"
 
 
-@dataclass(frozen=True)
+@record
 class PortLost(Event):
     """A task's port was taken between the check and the launch: relaunching on new ports."""
     level: ClassVar[str] = WARNING
@@ -353,7 +353,7 @@ class PortLost(Event):
         return f"{self.why}: relaunching every task on new ports…"
 
 
-@dataclass(frozen=True)
+@record
 class AttemptStarted(Event):
     level: ClassVar[str] = WARNING
     attempt: int
@@ -371,7 +371,7 @@ class AttemptStarted(Event):
                 f"KiB, {where}); {cluster}")
 
 
-@dataclass(frozen=True)
+@record
 class ArchiveNote(Event):
     """What unpacking an archive from a host skipped or refused, naming the host."""
     level: ClassVar[str] = WARNING
@@ -381,8 +381,8 @@ class ArchiveNote(Event):
         return self.line
 
 
-@dataclass(frozen=True)
-class TaskSnapshot:
+@record
+class TaskSnapshot(Frozen):
     """One task as the controller knows it at that moment (state/progress.py TaskProgress)."""
     index: int
     name: str
@@ -414,7 +414,7 @@ def snapshot(task: TaskProgress) -> TaskSnapshot:
         gpu_memory=task.gpu_memory, gpu_memory_peak=task.gpu_memory_peak)
 
 
-@dataclass(frozen=True)
+@record
 class RunSummary(Event):
     """The run's last event: how every task ended, the wall time, whether the workers' losses
     agree (None: no loss to compare), what teardown could not do (nothing: no process of the
@@ -462,7 +462,7 @@ class RunSummary(Event):
                          ([f"note: {self.hint}"] if self.hint else []))
 
 
-@dataclass(frozen=True)
+@record
 class PlotFailed(Event):
     level: ClassVar[str] = WARNING
     path: str
@@ -472,7 +472,7 @@ class PlotFailed(Event):
         return f"{self.path}: could not write the loss plot: {self.error}"
 
 
-@dataclass(frozen=True)
+@record
 class TeardownAbandoned(Event):
     """A second interrupt during teardown: what may be left, and the command that finishes."""
     level: ClassVar[str] = ERROR
@@ -485,8 +485,8 @@ class TeardownAbandoned(Event):
 
 # --- runs found again: inv runs, status, logs, down, plot --------------------------------------
 
-@dataclass(frozen=True)
-class RunListed:
+@record
+class RunListed(Frozen):
     run_id: str
     started: str
     hosts: Tuple[str, ...]
@@ -503,7 +503,7 @@ def listed(record: RunRecord) -> RunListed:
                      record.exit_code, record.attempt)
 
 
-@dataclass(frozen=True)
+@record
 class RecordDamaged(Event):
     """A run record that cannot be read (its file and why); the other runs go on."""
     level: ClassVar[str] = WARNING
@@ -513,7 +513,7 @@ class RecordDamaged(Event):
         return f"skipped {self.problem}"
 
 
-@dataclass(frozen=True)
+@record
 class RunsListed(Event):
     runs_dir: str
     runs: Tuple[RunListed, ...]
@@ -523,7 +523,7 @@ class RunsListed(Event):
             f"runs in {self.runs_dir} (newest last)"
 
 
-@dataclass(frozen=True)
+@record
 class RunStatus(Event):
     title: str
     tasks: Tuple[TaskSnapshot, ...]
@@ -532,7 +532,7 @@ class RunStatus(Event):
         return self.title
 
 
-@dataclass(frozen=True)
+@record
 class Submitted(Event):
     """`inv submit` queued a run as a Slurm batch job; how to find it again."""
     run_id: str
@@ -546,7 +546,7 @@ class Submitted(Event):
                 + _found_again(rid, flag))
 
 
-@dataclass(frozen=True)
+@record
 class JobOutput(Event):
     """A line of a submitted run's batch job output (its controller's), as `inv logs` reads it."""
     line: str
@@ -555,7 +555,7 @@ class JobOutput(Event):
         return self.line
 
 
-@dataclass(frozen=True)
+@record
 class RunNote(Event):
     """What `inv logs`, `inv down` or `inv plot` says about a run found again: ended, being
     stopped, its plot drawn."""
@@ -569,7 +569,7 @@ class RunNote(Event):
 
 # --- inv setup, inv prune -----------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record
 class SetupPlanned(Event):
     requirements: str
     hosts: int
@@ -588,8 +588,8 @@ class SetupPlanned(Event):
         return line
 
 
-@dataclass(frozen=True)
-class SetupResult:
+@record
+class SetupResult(Frozen):
     name: str
     state: str                       # reused, built, failed
     env: Optional[str]
@@ -604,7 +604,7 @@ def setup_of(progress: HostProgress) -> SetupResult:
                      dict(progress.versions), progress.line, tuple(progress.tail))
 
 
-@dataclass(frozen=True)
+@record
 class SetupDone(Event):
     hosts: Tuple[SetupResult, ...]
     cleanup_problems: Mapping[str, str]
@@ -618,7 +618,7 @@ class SetupDone(Event):
             if states.count("reused") == len(states) else "")
 
 
-@dataclass(frozen=True)
+@record
 class HostPruned(Event):
     host: str
     dry_run: bool
@@ -638,7 +638,7 @@ class HostPruned(Event):
         return f"{self.host}: {'would free' if self.dry_run else 'freed'} {size(total)}: {parts}"
 
 
-@dataclass(frozen=True)
+@record
 class PruneDone(Event):
     dry_run: bool
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import traceback
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,25 +19,25 @@ import pytest
 import deploy.host
 import hostpkg
 from deploy.host.protocol import PortsRequest
-from deploy.host.boot import ZipInMemory
+from deploy.host.boot import SourcesInMemory, unpacked
 from deploy.host.frames import read_frame
 from deploy.plan.planner import AGENT_BOOT, follow_request
 from deploy.cluster.hostagent import StepFailed, boot_stdin
-from deploy.cluster.hostzip import host_zip
+from deploy.cluster.hostzip import host_sources
 
 HOST_SOURCE = Path(deploy.host.__file__).parent
 
 
-def in_memory() -> ZipInMemory:
-    return ZipInMemory(zipfile.ZipFile(io.BytesIO(host_zip())))
+def in_memory() -> SourcesInMemory:
+    return SourcesInMemory(unpacked(host_sources()))
 
 
-def test_the_importer_gives_each_module_and_its_source_from_the_zip():
+def test_the_importer_gives_each_module_and_its_source_from_memory():
     importer = in_memory()
     assert importer.get_source("deploy.host.agent") == (HOST_SOURCE / "agent.py").read_text()
     assert importer.find_spec("deploy.host").submodule_search_locations is not None
     assert importer.find_spec("deploy.host.frames").origin == \
-        "tfdeploy-host.zip/deploy/host/frames.py"
+        "tfdeploy-host/deploy/host/frames.py"
     assert importer.find_spec("deploy.host.nothing") is None
     assert importer.find_spec("json") is None           # the standard library is the host's
 
@@ -55,7 +54,7 @@ def test_a_module_run_from_memory_shows_its_source_in_a_traceback():
         module.read_frame(io.BytesIO(b"not json\n"))
     except Exception:                         # the module's own FrameError: not ours
         shown = traceback.format_exc()
-    assert 'File "tfdeploy-host.zip/deploy/host/frames.py"' in shown
+    assert 'File "tfdeploy-host/deploy/host/frames.py"' in shown
     assert 'raise FrameError("not a frame header: %r" % line[:200])' in shown
 
 

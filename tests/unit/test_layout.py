@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 # Lowest first. A module may import modules of its own layer and of the layers before it.
-LAYERS = ("host", "errors", "commandline", "inventory", "plan", "transport", "cluster", "push", "state", "console", "run")
+LAYERS = ("host", "errors", "timeline", "commandline", "inventory", "plan", "transport", "cluster", "push", "state", "console", "run")
 MAX_FLAT_MODULES = 12
 
 

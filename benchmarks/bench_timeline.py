@@ -1,0 +1,130 @@
+"""Where a trivial run's time goes: `inv train` of a payload that prints and exits (no
+TensorFlow, checks included, unchanged since a warm-up run) on 4, 16, 64 or 256 SSH lab hosts,
+phase by phase on the controller's own clock (deploy/timeline.py), with its peak memory and
+threads, and the same hosts' parallel `ssh host python3 noop.py` for scale.
+
+Per repeat, alternating: parallel ssh, then `inv train`. Prints, per phase, the median time
+from the controller's start at which it ended (per-host phases: when the last host's ended)
+and what it added to the one before.
+
+    python benchmarks/bench_timeline.py [--repeats 3] [--hosts 4 16 64 256] [--shared]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench_hosts import NOOP, parallel_ssh, ssh_config
+from bench_train import REPO
+
+sys.path.insert(0, str(REPO / "tests"))
+from sshlab import SshLab  # noqa: E402
+
+# 127.0.1.1 upwards (127.0.2.2 for 256 hosts): away from the tests' and other benchmarks' labs.
+NETWORK, FIRST_OCTET = 1, 1
+# In the order a run goes through them; a phase a run did not mark is left out.
+PHASES = ("imports", "plan", "login", "agent", "probe", "mesh", "push", "launch",
+          "first follow answer", "tasks ended", "teardown", "exit")
+
+
+def train(inventory: Path, payload: Path, runs: Path, marks: Path) -> tuple[dict, dict]:
+    """One `inv train`: {phase: seconds from its start}, and its peak RSS (KiB), peak
+    threads and CPU seconds."""
+    marks.unlink(missing_ok=True)
+    env = dict(os.environ, TFDEPLOY_TIMELINE=str(marks))
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "train", "--hosts", str(inventory),
+                             "--payload", str(payload), "--entry", "noop.py",
+                             "--runs-dir", str(runs)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threads = [0]
+    sampler = threading.Thread(target=_sample_threads, args=(proc.pid, threads), daemon=True)
+    sampler.start()
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    ended = time.time()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"inv train failed ({proc.returncode}):\n"
+                         f"{output.decode(errors='replace')[-4000:]}")
+    phases: dict[str, float] = {}
+    for line in marks.read_text().splitlines():
+        mark = json.loads(line)
+        phases[mark["phase"]] = max(phases.get(mark["phase"], 0.0), mark["t"] - started)
+    phases["exit"] = ended - started
+    return phases, {"rss": usage.ru_maxrss, "threads": threads[0],
+                    "cpu": usage.ru_utime + usage.ru_stime}
+
+
+def _sample_threads(pid: int, peak: list) -> None:
+    status = Path(f"/proc/{pid}/status")
+    while True:
+        try:
+            text = status.read_text()
+        except OSError:
+            return
+        for line in text.splitlines():
+            if line.startswith("Threads:"):
+                peak[0] = max(peak[0], int(line.split()[1]))
+        time.sleep(0.05)
+
+
+def measure(count: int, repeats: int, shared: bool, tmp: Path) -> None:
+    with SshLab(tmp / f"lab{count}", first_octet=FIRST_OCTET, network=NETWORK) as lab:
+        hosts = lab.start(count)
+        if shared:
+            hosts = lab.sharing_workdir(hosts)
+        inventory = lab.write_inventory(tmp / f"hosts{count}.yaml", hosts)
+        config = ssh_config(lab, hosts, tmp / f"ssh_config{count}")
+        payload = tmp / "payload"
+        payload.mkdir(exist_ok=True)
+        (payload / "noop.py").write_text(NOOP)
+        runs, marks = tmp / "runs", tmp / "timeline.jsonl"
+        train(inventory, payload, runs, marks)          # the payload is then on every host
+        ssh, runs_phases, usages = [], [], []
+        for _ in range(repeats):
+            ssh.append(parallel_ssh(config, hosts, payload / "noop.py"))
+            phases, usage = train(inventory, payload, runs, marks)
+            runs_phases.append(phases)
+            usages.append(usage)
+    where = "sharing one workdir" if shared else "each with its own workdir"
+    print(f"{count} SSH hosts on loopback, {where}; {repeats} repeats, alternating; "
+          f"medians")
+    print(f"  {count} parallel ssh python3 noop.py: {statistics.median(ssh):.2f} s")
+    before = 0.0
+    for phase in PHASES:
+        times = [p[phase] for p in runs_phases if phase in p]
+        if len(times) < len(runs_phases):
+            continue
+        at = statistics.median(times)
+        print(f"  {phase:<22} ended at {at:6.2f} s  (+{at - before:5.2f} s)")
+        before = at
+    total = statistics.median(p["exit"] for p in runs_phases)
+    print(f"  inv train / parallel ssh: {total / statistics.median(ssh):.2f}x; the controller: "
+          f"peak memory {max(u['rss'] for u in usages) / 1024:.0f} MiB, peak threads "
+          f"{max(u['threads'] for u in usages)}, CPU "
+          f"{statistics.median(u['cpu'] for u in usages):.2f} s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 64, 256])
+    parser.add_argument("--shared", action="store_true",
+                        help="every host's workdir is the first host's (one shared home)")
+    opts = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp:
+        for count in opts.hosts:
+            measure(count, opts.repeats, opts.shared, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
