@@ -315,6 +315,8 @@ def watch(local_dir: Path, record: RunRecord, only_task: int | None, raw: bool,
     pid, run_id = record.controller_pid, record.run_id
     read = {t.index: 0 for t in run.tasks}
     said = 0
+    for task in run.tasks:
+        task.state = "running"          # its controller, not this watcher, asks the hosts
     try:
         with reporter.watching(run.tasks, f"run {run_id}", raw):
             while True:

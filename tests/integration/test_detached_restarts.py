@@ -88,22 +88,30 @@ class Detached:
     happens: the background controller killed by its pid (while it is that process), then
     the run ended by its records."""
 
-    def __init__(self, tmp_path: Path, lab: SshLab, hosts, args: str, *flags: str,
-                 per_host: dict | None = None):
-        self.hosts, self.runs = hosts, tmp_path / "runs"
+    def __init__(self, tmp_path: Path, lab: SshLab, hosts, per_host: dict | None = None):
+        self.tmp_path, self.hosts, self.runs = tmp_path, hosts, tmp_path / "runs"
         # A relaunch needs the inventory's env and the forwarded variables, which no record
         # holds: the background controller has them from `inv train`.
-        inventory = lab.write_inventory(tmp_path / "hosts.yaml", hosts, per_host=per_host or {},
-                                        env={"GREETING": "hello"},
-                                        forward_env=["DETACHED_SECRET"])
-        self.done = inv("train", "--hosts", str(inventory), "--runs-dir", str(self.runs),
-                        "--payload", str(payload(tmp_path)), "--entry", "run.py",
+        self.inventory = lab.write_inventory(tmp_path / "hosts.yaml", hosts,
+                                             per_host=per_host or {}, env={"GREETING": "hello"},
+                                             forward_env=["DETACHED_SECRET"])
+        self.done: subprocess.CompletedProcess | None = None
+        self.run_id: str | None = None
+        self.pid: int | None = None
+
+    def start(self, args: str, *flags: str) -> None:
+        """`inv train --detach` with `args` for run.py and `flags`; the run's id and its
+        background controller's pid from the record."""
+        self.done = inv("train", "--hosts", str(self.inventory), "--runs-dir", str(self.runs),
+                        "--payload", str(payload(self.tmp_path)), "--entry", "run.py",
                         "--args", args, "--grace", "1", "--detach", *flags)
+        self.find_run()
+        self.pid = record(self.runs, self.run_id).get("controller_pid") if self.run_id \
+            else None
+
+    def find_run(self) -> None:
         found = list(self.runs.glob("*/record.json")) if self.runs.exists() else []
         self.run_id = found[0].parent.name if found else None
-        self.pid = None
-        if self.run_id:
-            self.pid = record(self.runs, self.run_id).get("controller_pid")
 
     @property
     def output(self) -> str:
@@ -113,10 +121,13 @@ class Detached:
         return is_controller(self.pid, self.run_id)
 
     def clean_up(self) -> None:
-        if self.run_id and is_controller(self.pid, self.run_id):
-            os.kill(self.pid, signal.SIGKILL)
-        if self.run_id:
-            kill_by_records(self.run_id, self.hosts)
+        if self.run_id is None:
+            self.find_run()       # `inv train` itself failed, or ran out of time
+        if self.run_id is None:
+            return
+        for pid in controllers_of(self.run_id):
+            os.kill(pid, signal.SIGKILL)
+        kill_by_records(self.run_id, self.hosts)
 
     def assert_nothing_left(self) -> None:
         deadline = time.monotonic() + 10
@@ -126,6 +137,12 @@ class Detached:
         assert wait_until_gone(self.run_id, 10) == []
         for host in self.hosts:
             assert not (Path(host.workdir) / "runs" / self.run_id).exists(), host
+
+
+def controllers_of(run_id: str) -> list[int]:
+    """The background controllers of the run: processes whose command line names it."""
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit()
+            and is_controller(int(pid), run_id)]
 
 
 def wait_for(what, timeout: float = 60, message: str = "") -> None:
@@ -138,8 +155,9 @@ def wait_for(what, timeout: float = 60, message: str = "") -> None:
 def test_the_background_controller_relaunches_and_logs_follow_shows_it(two_hosts, tmp_path):
     lab, hosts = two_hosts
     marker = tmp_path / "fail now"
-    run = Detached(tmp_path, lab, hosts, f"15 '{marker}'", "--restarts", "1")
+    run = Detached(tmp_path, lab, hosts)
     try:
+        run.start(f"15 '{marker}'", "--restarts", "1")
         out = run.output
         assert run.done.returncode == 0, out
         assert record(run.runs, run.run_id)["attempt"] == 1
@@ -180,9 +198,10 @@ def test_the_background_controller_relaunches_and_logs_follow_shows_it(two_hosts
 
 def test_down_stops_the_background_controller_and_the_run(two_hosts, tmp_path):
     lab, hosts = two_hosts
-    run = Detached(tmp_path, lab, hosts, "3000", "--restarts", "2")
+    run = Detached(tmp_path, lab, hosts)
     follower = None
     try:
+        run.start("3000", "--restarts", "2")
         assert run.done.returncode == 0, run.output
         shown = f"running (background controller, pid {run.pid})"
         listed = inv("runs", "--runs-dir", str(run.runs))
@@ -222,9 +241,9 @@ def test_a_frozen_host_goes_to_the_spare_under_the_background_controller(three_h
                                                                            tmp_path):
     lab, hosts = three_hosts
     freeze, thaw = freezer(lab, 1, hosts[1].workdir)
-    run = Detached(tmp_path, lab, hosts, "100", "--restarts", "1", "--lost-after", "3",
-                   per_host={hosts[2].name: {"role": "spare"}})
+    run = Detached(tmp_path, lab, hosts, per_host={hosts[2].name: {"role": "spare"}})
     try:
+        run.start("100", "--restarts", "1", "--lost-after", "3")
         assert run.done.returncode == 0, run.output
         local = run.runs / run.run_id / "worker-1.log"
         wait_for(lambda: local.exists() and "tick 5" in local.read_text(), 60,
