@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+import deploy.commandline as commandline
 from deploy.console.reporter import ControllerLogReporter
 from deploy.errors import TfdeployError
 from deploy.host.archive import Limits
@@ -127,7 +128,7 @@ def controller_argv(settings: RunSettings, run_id: str, lock_fd: int) -> list[st
               "min_workers": settings.min_workers}
     return [sys.executable, "-m", MODULE, "--run", run_id,
             "--runs-dir", str(settings.runs_dir.resolve()), "--lock-fd", str(lock_fd),
-            "--settings", json.dumps(chosen)]
+            "--settings", json.dumps(chosen), "--program", commandline.PROGRAM]
 
 
 def settings_of(runs_dir: str, chosen: str) -> RunSettings:
@@ -220,7 +221,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs-dir", required=True)
     parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--settings", required=True)
+    parser.add_argument("--program", choices=("inv", "tfdeploy"), default="inv")
     given = parser.parse_args(argv)
+    # Its hints name the command the user ran `train` by, not this module.
+    commandline.PROGRAM = given.program
     envs = envs_of(sys.stdin.buffer.read())
     # Nothing more comes from there; no terminal either.
     devnull = os.open(os.devnull, os.O_RDONLY)

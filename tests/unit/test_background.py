@@ -31,6 +31,7 @@ def test_the_settings_travel_on_the_command_line_and_come_back(tmp_path):
     argv = controller_argv(settings, "20260101-000000-abcdef", 7)
     assert argv[1:5] == ["-m", MODULE, "--run", "20260101-000000-abcdef"]
     assert argv[argv.index("--lock-fd") + 1] == "7"
+    assert argv[-2:] == ["--program", "inv"]        # what its hints name
     runs_dir = argv[argv.index("--runs-dir") + 1]
     assert Path(runs_dir).is_absolute()
     back = settings_of(runs_dir, argv[argv.index("--settings") + 1])
