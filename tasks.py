@@ -237,7 +237,8 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
                 "starting",
     "detach": "return once every task has started, leaving the run on its hosts; print its "
               f"id and the commands to follow ({command('logs')}), inspect "
-              f"({command('status')}), stop ({command('down')})",
+              f"({command('status')}), stop ({command('down')}); with --restarts, a "
+              "controller in the background on this machine relaunches it",
     "restarts": "when a task fails or a host is lost, stop the cluster and relaunch every "
                 "task, resuming from the chief's BackupAndRestore state, up to N times "
                 "(default: 0); a lost host's tasks go to a `role: spare` host",
@@ -272,9 +273,6 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                 lost_after, no_check, restarts, verbose, max_fetch,
                                 allow_busy_gpus, shrink, min_workers, detach=detach,
                                 run_id=given_run_id(Path(runs_dir), run_id) if run_id else None)
-        if detach and settings.restarts:
-            raise BadInput("--restarts needs the controller that relaunches the run: it "
-                           "cannot be combined with --detach")
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
                           grace=seconds("--grace", grace),
                           requirements_sha256=requirements_hash(Path(payload)),

@@ -1,5 +1,6 @@
 """`inv train`: a fresh run from inventory to started tasks, then followed to its end here
-(watch.py) or left running on its hosts (--detach) for any later shell to pick up.
+(watch.py), left running on its hosts (--detach) for any later shell to pick up, or, with
+--detach --restarts N, followed to its end by a controller in the background (background.py).
 
 In phases: prepare (everything that can be checked locally, and the plan), connect and check,
 then, inside `ending` (which guarantees the run's end: finish.py), push, launch and follow.
@@ -25,6 +26,7 @@ from deploy.plan.text import plan_document
 from deploy.push.data import DataPush
 from deploy.push.payload import PayloadPush
 from deploy.plan.pythons import payload_need
+from deploy.run.background import hand_over
 from deploy.run.gpuplace import place_gpus
 from deploy.run.hostchecks import check_before_run
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
@@ -79,7 +81,12 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
         launch(run, checked_ports, settings)
         mark("launch")
         end.launched = True
-        if settings.detach and _all_running(run):
+        if settings.detach and settings.restarts:
+            # A controller that stays: in the background (or, should it not start, here).
+            if hand_over(run, settings, end.lock):
+                end.code = 0
+                return end.code
+        elif settings.detach and _all_running(run):
             end.code = _detach(run, settings)
             return end.code
         follow(run, settings)
@@ -168,6 +175,7 @@ class Ending:
         self.how = Finish.DONE
         self.launched = False
         self.code = 1
+        self.lock: FollowLock | None = None     # held while the run is this controller's
 
 
 @contextlib.contextmanager
@@ -179,6 +187,7 @@ def ending(run: Run, settings: RunSettings) -> Iterator[Ending]:
     end = Ending()
     lock = FollowLock(run.dir)
     lock.acquire()
+    end.lock = lock
     detached, abandoned = False, None
     try:
         yield end
@@ -248,7 +257,7 @@ def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
 
 
 def follow(run: Run, settings: RunSettings) -> None:
-    run.set_state(RunState.RUNNING, controller_pid=os.getpid())
+    run.set_state(RunState.RUNNING, controller_pid=os.getpid(), background=False)
     restarter = Restarter(settings.restarts) if settings.restarts else None
     follow_to_end(run, settings, restarter, NewPorts(settings.restarts))
 

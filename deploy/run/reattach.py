@@ -15,6 +15,7 @@ from deploy.commandline import command
 from deploy.errors import BadInput, Failure
 from deploy.inventory.model import Inventory
 from deploy.console.lines import shown_line
+from deploy.run import background
 from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
 from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import HungUp, exit_code
@@ -142,6 +143,10 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
         reporter.emit(RunNote(record.run_id, f"run {record.run_id} has ended "
                                              f"({_describe(record)}): the logs above are complete"))
         return 0
+    if follow and background.supervised(record):
+        # Its background controller follows it and writes the local logs: watch those.
+        return background.watch(local_dir, record, task_index(record.plan(), task),
+                                settings.verbose, reporter)
     if follow and record.state is RunState.STARTING and not record.controller_alive():
         # Its controller ended while launching: some tasks may never have started, and a
         # follower would wait for them forever.
@@ -179,7 +184,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
                 run.catch_up()
                 run.close()
                 return 0
-            run.set_state(RunState.RUNNING, controller_pid=os.getpid())
+            run.set_state(RunState.RUNNING, controller_pid=os.getpid(), background=False)
             run.attempt = record.attempt
             run.interrupt_stops = False
             follow_to_end(run, settings)
@@ -220,6 +225,8 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
     submission = submitted_job(local_dir)
     if submission:
         return cancel(local_dir, submission[0], reporter)
+    # A background controller would relaunch what is stopped: it goes first.
+    background.stop_controller(load_record(local_dir), reporter)
     record = load_record(local_dir)
     if not record.state.active and not _teardown_problems(local_dir):
         # Its end already stopped everything and checked every host; a second summary

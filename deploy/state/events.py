@@ -293,6 +293,35 @@ class Detached(Event):
 
 
 @record
+class Supervised(Event):
+    """`--detach --restarts N`: the run goes on under a background controller on this
+    machine, which relaunches it; how to find it again."""
+    run_id: str
+    pid: int
+    restarts: int
+    log: str
+    runs_dir_flag: str
+
+    def text(self) -> str:
+        rid, flag = self.run_id, self.runs_dir_flag
+        return (f"run {rid} goes on under a background controller on this machine (pid "
+                f"{self.pid}) that relaunches it up to {self.restarts} time(s); its log: "
+                f"{self.log}. Closing this terminal does not stop it; shutting down or "
+                "suspending this machine does (the tasks go on, unsupervised).\n"
+                + _found_again(rid, flag))
+
+
+@record
+class ControllerOutput(Event):
+    """A line the background controller of a run wrote to its log, as `inv logs --follow`
+    shows it."""
+    line: str
+
+    def text(self) -> str:
+        return self.line
+
+
+@record
 class FollowStopped(Event):
     """`inv logs --follow` stopped following; the run goes on."""
     level: ClassVar[str] = WARNING

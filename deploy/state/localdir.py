@@ -2,6 +2,8 @@
 
     record.json          the run record (record.py)
     .follow.lock         held by the one controller that writes the local logs
+    controller.log       what the background controller of `--detach --restarts N` says
+                         (run/background.py): restarts, recoveries, the summary
     <type>-<i>.log       a task's output, the same bytes as on its host (worker-0.log,
                          and chief-0.log, ps-0.log, evaluator-0.log with roles)
     plan.json            the plan as launched, secrets as ***
@@ -31,6 +33,7 @@ from deploy.errors import BadInput
 
 RECORD = "record.json"
 FOLLOW_LOCK = ".follow.lock"
+CONTROLLER_LOG = "controller.log"
 PLAN = "plan.json"
 PUSH = "push.json"
 DATA = "data.json"

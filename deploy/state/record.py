@@ -23,7 +23,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from deploy.commandline import command
 from deploy.errors import BadInput
@@ -31,7 +31,7 @@ from deploy.host.layout import RUN_ID
 from deploy.host.rundir import write_atomic
 from deploy.inventory.datasource import DataSource
 from deploy.inventory.load import MAX_WORKERS_PER_HOST, workdir_problem
-from deploy.inventory.model import ROLES, Host, Inventory
+from deploy.inventory.model import ROLES, EnvValue, Host, Inventory
 from deploy.inventory.sshconfig import Hop
 from deploy.plan.planner import Options, RunPlan, plan_run
 from deploy.state import localdir
@@ -103,6 +103,9 @@ class RunRecord:
     restarts: int = 0
     exit_code: int | None = None
     ended: float | None = None
+    # Its controller is the background one of `--detach --restarts N` (run/background.py),
+    # on this machine, with no terminal: `inv down` stops it before the run.
+    background: bool = False
 
     @classmethod
     def of(cls, plan: RunPlan, state: RunState, started: float, **fields) -> "RunRecord":
@@ -114,11 +117,16 @@ class RunRecord:
         """The same run with the hosts, ports and options of a new plan (a relaunch)."""
         return dataclasses.replace(self, options=plan.options, **_planned(plan))
 
-    def plan(self, where: str = "record") -> RunPlan:
-        """The run's plan again: same hosts, run dirs, ports and commands."""
+    def plan(self, where: str = "record",
+             envs: Mapping[str, Mapping[str, EnvValue]] | None = None) -> RunPlan:
+        """The run's plan again: same hosts, run dirs, ports and commands; with `envs` (host
+        name -> its env, as the controller that launched the run had them), the same
+        environments too, for a relaunch."""
+        hosts = self.hosts if envs is None else tuple(
+            dataclasses.replace(h, env=envs.get(h.name, {})) for h in self.hosts)
         try:
             ports = {t.index: t.port for t in self.tasks}
-            plan = plan_run(Inventory(path=where, hosts=self.hosts), self.options, self.run_id,
+            plan = plan_run(Inventory(path=where, hosts=hosts), self.options, self.run_id,
                             ports)
         except (TypeError, ValueError, AttributeError, IndexError) as exc:
             # A record edited out of shape in a way its reading could not see.
@@ -146,6 +154,8 @@ class RunRecord:
             return f"finished (exit {self.exit_code})"
         if self.state is RunState.RUNNING and not self.controller_alive():
             return "running (no controller)"
+        if self.state is RunState.RUNNING and self.background:
+            return f"running (background controller, pid {self.controller_pid})"
         return self.state.value
 
     def started_text(self) -> str:
@@ -166,6 +176,7 @@ class RunRecord:
             "restarts": self.restarts,
             "exit_code": self.exit_code,
             "ended": self.ended,
+            "background": self.background,
         }
 
     @classmethod
@@ -194,7 +205,8 @@ class RunRecord:
                 tasks=tuple(RecordedTask(**t) for t in doc["tasks"]),
                 controller_pid=doc.get("controller_pid"),
                 attempt=int(doc.get("attempt") or 1), restarts=int(doc.get("restarts") or 0),
-                exit_code=doc.get("exit_code"), ended=doc.get("ended"))
+                exit_code=doc.get("exit_code"), ended=doc.get("ended"),
+                background=doc.get("background") is True)
         except RecordError:
             raise
         except KeyError as exc:
@@ -310,6 +322,14 @@ class FollowLock:
             self.file = None
             return False
         return True
+
+    @classmethod
+    def inherited(cls, run_dir: Path, fd: int) -> "FollowLock":
+        """The lock as held through `fd`, the same open file as the holder that passed it
+        (a background controller's, run/background.py): held all along, never free between."""
+        lock = cls(run_dir)
+        lock.file = os.fdopen(fd, "a+")
+        return lock
 
     def release(self) -> None:
         if self.file:

@@ -257,9 +257,6 @@ def test_bad_references_are_clear_errors_and_touch_nothing(lab, tmp_path):
     empty = inv("down", "--runs-dir", str(runs))
     assert empty.returncode == 2 and "no runs recorded" in empty.stdout
     assert "no runs recorded" in inv("runs", "--runs-dir", str(runs)).stdout
-    both = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--detach",
-               "--restarts", "1")
-    assert both.returncode == 2 and "cannot be combined with --detach" in both.stdout
     word = inv("train", "--hosts", str(inventory), "--runs-dir", str(runs), "--restarts", "x")
     assert word.returncode == 2 and "--restarts takes a whole number" in word.stdout
     assert not runs.exists()
