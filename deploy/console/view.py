@@ -129,6 +129,32 @@ def status_table(tasks: list[TaskProgress], title: str) -> Table:
     return table
 
 
+def grouped_table(tasks: list[TaskProgress], title: str) -> Table:
+    """The status table when a row per task would not fit the terminal (hundreds of hosts):
+    a row per task type and state, with how many tasks and hosts are in it, how far they are
+    and how they go. A failed or lost task stands in a row of its own state."""
+    groups: dict[tuple[str, str], list[TaskProgress]] = {}
+    for t in tasks:
+        groups.setdefault((t.role, state_text(t).plain), []).append(t)
+    table = Table(title=f"{title} ({len(tasks)} tasks, a row per kind and state)",
+                  title_justify="left", expand=False)
+    for column in ("tasks", "hosts", "state", "epoch", "loss", "ETA"):
+        table.add_column(column, no_wrap=True)
+    for (role, state), members in groups.items():
+        epochs = [t.epoch for t in members if t.epoch is not None]
+        losses = [t.loss for t in members if t.loss is not None]
+        etas = [t.eta_seconds for t in members if t.eta_seconds is not None]
+        names = members[0].name if len(members) == 1 else \
+            f"{len(members)} × {role}: {members[0].name} … {members[-1].name}"
+        table.add_row(names, str(len({t.host for t in members})), state_text(members[0]),
+                      "" if not epochs else (f"{min(epochs)}" if min(epochs) == max(epochs)
+                                             else f"{min(epochs)}–{max(epochs)}"),
+                      "" if not losses else number(losses[0]) if len(losses) == 1
+                      else f"mean {number(sum(losses) / len(losses))}",
+                      duration_text(max(etas)) if etas and state == "running" else "")
+    return table
+
+
 def run_progress(tasks: list[TaskProgress]) -> Table | None:
     """The run's progress bar: epochs done of all tasks' epochs, once every task has said how
     many it trains."""
@@ -141,6 +167,11 @@ def run_progress(tasks: list[TaskProgress]) -> Table | None:
     line.add_row("run", ProgressBar(total=total, completed=done, width=40),
                  f"{done}/{total} epochs", f"ETA {duration_text(max(etas))}" if etas else "")
     return line
+
+
+# The terminal lines a status table needs besides its rows (title, header, borders, the
+# progress bar), and a few for the log lines scrolling above it.
+ROOM = 12
 
 
 class LiveView:
@@ -162,7 +193,9 @@ class LiveView:
 
     def _render(self):
         bar = run_progress(self.tasks)
-        table = status_table(self.tasks, self.title)
+        # A row per task while they fit with room left for the lines scrolling above.
+        fits = len(self.tasks) + ROOM <= self.console.size.height
+        table = (status_table if fits else grouped_table)(self.tasks, self.title)
         return table if bar is None else Group(table, bar)
 
     def __enter__(self) -> "LiveView":
