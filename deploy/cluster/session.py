@@ -165,20 +165,31 @@ class Session:
         def start(host: Host) -> tuple[Transport, HostAgent]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
             mark("login", host.name)
-            agent = None
             try:
-                agent = HostAgent(host, transport)
-                agent.wait_started(connect_timeout)
-                mark("agent", host.name)
-                return transport, agent
+                return transport, HostAgent(host, transport)
             except BaseException:
-                if agent is not None:
-                    agent.close()
                 transport.close()
                 raise
         results, errors = on_each(hosts, lambda h: h.name, start)
-        return cls({n: t for n, (t, _) in results.items()},
-                   {n: a for n, (_, a) in results.items()}), errors
+        session = cls({n: t for n, (t, _) in results.items()},
+                      {n: a for n, (_, a) in results.items()})
+        # The agents start on their hosts while the other hosts log in; their first words
+        # are awaited once every login is done, each at least `connect_timeout` after its own
+        # (a login thread waiting for one would hold up the logins after it).
+        deadline = time.monotonic() + connect_timeout
+        try:
+            for name, agent in list(session.agents.items()):
+                try:
+                    agent.wait_started(max(0.0, deadline - time.monotonic()))
+                    mark("agent", name)
+                except Exception as exc:
+                    errors[name] = exc
+                    session.agents.pop(name).close()
+                    session.transports.pop(name).close()
+        except BaseException:
+            session.close()
+            raise
+        return session, errors
 
     def close(self) -> None:
         for agent in self.agents.values():

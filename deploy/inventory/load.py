@@ -11,6 +11,8 @@ import os
 import posixpath
 import re
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -108,8 +110,13 @@ def load_inventory(path: str | os.PathLike, environ: Mapping[str, str] | None = 
 
 def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Inventory:
     try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        # Parsed once: the nodes (for line numbers), then the values made from them.
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            data = None if root is None else loader.construct_document(root)
+        finally:
+            loader.dispose()
         where = _Located(root)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -140,13 +147,20 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
     if len(raw_hosts) > MAX_HOSTS:
         raise InventoryError(file, f"lists {len(raw_hosts)} hosts; at most {MAX_HOSTS} are "
                                    "supported", field="hosts", line=where.line("hosts"))
-    hosts: list[Host] = []
-    resolvers = Resolvers()
     for i, raw in enumerate(raw_hosts):
         if not isinstance(raw, dict):
             raise InventoryError(file, f"host #{i + 1} must be a mapping", field="hosts",
                                  line=where.line("hosts", i))
-        hosts.append(_host(file, where, i, _merged(defaults, raw), set(raw), environ, resolvers))
+    resolvers = Resolvers()
+
+    def host(i: int) -> Host:
+        raw = raw_hosts[i]
+        return _host(file, where, i, _merged(defaults, raw), set(raw), environ, resolvers)
+    # Hosts are read side by side: most of a host's time is its `ssh -G`, a process of its
+    # own (seconds, one after the other, for hundreds of hosts). The first bad host in the
+    # file's order is the one reported, as when read in turn.
+    with ThreadPoolExecutor(max_workers=min(8, len(raw_hosts))) as pool:
+        hosts: list[Host] = list(pool.map(host, range(len(raw_hosts))))
     _check_unique(file, where, hosts)
     _check_total(file, where, hosts)
     return Inventory(path=file, hosts=tuple(hosts))
@@ -322,6 +336,7 @@ class Resolvers:
     """Who resolves the logins of one inventory load: OpenSSH (`ssh -G`), or where `ssh` is
     not installed, tfdeploy's own parser of the ssh config (saying so once)."""
     said = False
+    saying = threading.Lock()      # hosts are read side by side
 
     def __init__(self) -> None:
         self.openssh = openssh.OpenSsh() if openssh.available() else None
@@ -332,8 +347,9 @@ class Resolvers:
         if self.openssh is not None:
             return self.openssh.route(ssh_config, address, port, user, identity_file,
                                       known_hosts, jump)
-        if not Resolvers.said:
-            Resolvers.said = True
+        with Resolvers.saying:
+            say, Resolvers.said = not Resolvers.said, True
+        if say:
             print(f"note: `{openssh.SSH}` is not installed: the ssh config is read by tfdeploy's "
                   f"own parser, which knows less of it than OpenSSH (no Match, no tokens, no "
                   f"ProxyCommand)", file=sys.stderr)
