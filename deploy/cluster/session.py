@@ -143,6 +143,10 @@ def backup_targets(chief: str, hosts: Iterable[str],
     return [name for name in names[1:] if name not in followers]
 
 
+# Agents starting at once (Session.open_each), as many as the logins made at once.
+AGENTS_BOOTING = 32
+
+
 class Session:
     def __init__(self, transports: Mapping[str, Transport], agents: Mapping[str, HostAgent]):
         self.transports, self.agents = dict(transports), dict(agents)
@@ -162,14 +166,35 @@ class Session:
     def open_each(cls, hosts: Iterable[Host], connect_timeout: float,
                   accept_new_host_keys: bool) -> tuple["Session", dict[str, BaseException]]:
         """Log in to every host and start its agent; the hosts where that failed, and why."""
+        booting: list[tuple[HostAgent, float]] = []      # agents started, not yet heard
+        lock = threading.Lock()
+
+        def room_to_boot() -> None:
+            """Wait while AGENTS_BOOTING agents are starting: hundreds of hosts' shells and
+            Pythons starting at once on a few cores (a lab, or hosts sharing a machine) would
+            each take minutes. One silent for `connect_timeout` no longer counts."""
+            while True:
+                with lock:
+                    now = time.monotonic()
+                    booting[:] = [(a, t) for a, t in booting
+                                  if not a.up.is_set() and now - t < connect_timeout]
+                    if len(booting) < AGENTS_BOOTING:
+                        return
+                    oldest = booting[0][0]
+                oldest.up.wait(0.05)
+
         def start(host: Host) -> tuple[Transport, HostAgent]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
             mark("login", host.name)
             try:
-                return transport, HostAgent(host, transport)
+                room_to_boot()
+                agent = HostAgent(host, transport)
             except BaseException:
                 transport.close()
                 raise
+            with lock:
+                booting.append((agent, time.monotonic()))
+            return transport, agent
         results, errors = on_each(hosts, lambda h: h.name, start)
         session = cls({n: t for n, (t, _) in results.items()},
                       {n: a for n, (_, a) in results.items()})
