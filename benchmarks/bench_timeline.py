@@ -8,12 +8,18 @@ from the controller's start at which it ended (per-host phases: when the last ho
 and what it added to the one before.
 
     python benchmarks/bench_timeline.py [--repeats 3] [--hosts 4 16 64 256] [--shared]
+    python benchmarks/bench_timeline.py --start-cost [--repeats 9]
+
+--start-cost prints instead the CPU time (user + system, medians) of what starts once per run
+or once per host: the controller's imports and a host's agent up to its first beat, beside a
+bare `python -I -S -c pass`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -114,13 +120,52 @@ def measure(count: int, repeats: int, shared: bool, tmp: Path) -> None:
           f"{statistics.median(u['cpu'] for u in usages):.2f} s", flush=True)
 
 
+def cpu_ms(argv: list[str], stdin: bytes | None, repeats: int) -> float:
+    """Median CPU milliseconds of a process, fed `stdin` until its first line of output."""
+    spent = []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if stdin:
+            proc.stdin.write(stdin)
+            proc.stdin.flush()
+            proc.stdout.readline()
+        proc.stdin.close()
+        proc.stdout.read()
+        proc.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(spent) * 1000
+
+
+def start_costs(repeats: int) -> None:
+    sys.path.insert(0, str(REPO))
+    from deploy.cluster.hostagent import boot_stdin
+    from deploy.plan.planner import AGENT_BOOT
+    print(f"CPU time, medians of {repeats}")
+    for what, argv, stdin in (
+            ("python -I -S -c pass", [sys.executable, "-I", "-S", "-c", "pass"], None),
+            ("controller's imports (import tasks)", [sys.executable, "-c", "import tasks"],
+             None),
+            ("agent to its first beat", [sys.executable, "-I", "-S", "-c", AGENT_BOOT],
+             boot_stdin())):
+        print(f"  {what:<40} {cpu_ms(argv, stdin, repeats):6.0f} ms"
+              + (f"  ({len(stdin)} bytes sent)" if stdin else ""), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 64, 256])
     parser.add_argument("--shared", action="store_true",
                         help="every host's workdir is the first host's (one shared home)")
+    parser.add_argument("--start-cost", action="store_true",
+                        help="the CPU time of the controller's and an agent's start instead")
     opts = parser.parse_args()
+    if opts.start_cost:
+        start_costs(opts.repeats)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-timeline-") as tmp:
         for count in opts.hosts:
             measure(count, opts.repeats, opts.shared, Path(tmp))

@@ -13,7 +13,6 @@ import inspect
 import itertools
 import json
 import os
-import sys
 import threading
 import time
 from typing import BinaryIO, Callable, Iterable, Union
@@ -27,7 +26,7 @@ from deploy.host.protocol import (
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.plan.planner import agent_command
-from deploy.cluster.hostzip import host_code, host_sources
+from deploy.cluster.hostzip import host_sources
 from deploy.transport.base import LineStream, Transport, TransportError
 
 
@@ -66,13 +65,11 @@ def answer_bounds(request: Request, into=None) -> Bounds:
 @functools.lru_cache(maxsize=1)
 def boot_stdin() -> bytes:
     """What the agent's python reads first (planner.agent_command): boot.py, which loads the
-    host package from memory, then the package's sources, each headed by its length, then its
-    code as this Python compiled it, headed by this Python's tag and its length (boot.py
-    load). Made once per controller, however many hosts."""
+    host package from memory, then the package, each headed by its length. Made once per
+    controller, however many hosts."""
     boot = inspect.getsource(deploy.host.boot).encode()
-    package, code = host_sources(), host_code()
-    return (b"%d\n" % len(boot) + boot + b"%d\n" % len(package) + package +
-            b"%s %d\n" % (sys.implementation.cache_tag.encode(), len(code)) + code)
+    package = host_sources()
+    return b"%d\n" % len(boot) + boot + b"%d\n" % len(package) + package
 
 
 class Reply:

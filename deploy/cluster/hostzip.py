@@ -10,13 +10,11 @@ from __future__ import annotations
 import functools
 import io
 import json
-import marshal
 import zipfile
 import zlib
 from pathlib import Path
 
 import deploy.host
-from deploy.host.boot import ORIGIN
 
 HOST_DIR = Path(deploy.host.__file__).parent
 # The zip's entry point; everything else is the package itself, under its own name.
@@ -44,16 +42,6 @@ def host_zip() -> bytes:
         for name, data in package_files().items():
             add(name, data)
     return buf.getvalue()
-
-
-@functools.lru_cache(maxsize=1)
-def host_code() -> bytes:
-    """The package's code as this Python compiles it, {path: code} marshalled and compressed:
-    what an agent on the same Python (sys.implementation.cache_tag) runs instead of compiling
-    the sources."""
-    return zlib.compress(marshal.dumps({name: compile(data, ORIGIN + name, "exec",
-                                                      dont_inherit=True)
-                                        for name, data in package_files().items()}), 9)
 
 
 @functools.lru_cache(maxsize=1)

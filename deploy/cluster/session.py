@@ -143,10 +143,6 @@ def backup_targets(chief: str, hosts: Iterable[str],
     return [name for name in names[1:] if name not in followers]
 
 
-# Agents starting at once (Session.open_each), as many as the logins made at once.
-AGENTS_BOOTING = 32
-
-
 class Session:
     def __init__(self, transports: Mapping[str, Transport], agents: Mapping[str, HostAgent]):
         self.transports, self.agents = dict(transports), dict(agents)
@@ -166,55 +162,23 @@ class Session:
     def open_each(cls, hosts: Iterable[Host], connect_timeout: float,
                   accept_new_host_keys: bool) -> tuple["Session", dict[str, BaseException]]:
         """Log in to every host and start its agent; the hosts where that failed, and why."""
-        booting: list[tuple[HostAgent, float]] = []      # agents started, not yet heard
-        lock = threading.Lock()
-
-        def room_to_boot() -> None:
-            """Wait while AGENTS_BOOTING agents are starting: hundreds of hosts' shells and
-            Pythons starting at once on a few cores (a lab, or hosts sharing a machine) would
-            each take minutes. One silent for `connect_timeout` no longer counts."""
-            while True:
-                with lock:
-                    now = time.monotonic()
-                    booting[:] = [(a, t) for a, t in booting
-                                  if not a.up.is_set() and now - t < connect_timeout]
-                    if len(booting) < AGENTS_BOOTING:
-                        return
-                    oldest = booting[0][0]
-                oldest.up.wait(0.05)
-
         def start(host: Host) -> tuple[Transport, HostAgent]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
             mark("login", host.name)
+            agent = None
             try:
-                room_to_boot()
                 agent = HostAgent(host, transport)
+                agent.wait_started(connect_timeout)
+                mark("agent", host.name)
+                return transport, agent
             except BaseException:
+                if agent is not None:
+                    agent.close()
                 transport.close()
                 raise
-            with lock:
-                booting.append((agent, time.monotonic()))
-            return transport, agent
         results, errors = on_each(hosts, lambda h: h.name, start)
-        session = cls({n: t for n, (t, _) in results.items()},
-                      {n: a for n, (_, a) in results.items()})
-        # The agents start on their hosts while the other hosts log in; their first words
-        # are awaited once every login is done, each at least `connect_timeout` after its own
-        # (a login thread waiting for one would hold up the logins after it).
-        deadline = time.monotonic() + connect_timeout
-        try:
-            for name, agent in list(session.agents.items()):
-                try:
-                    agent.wait_started(max(0.0, deadline - time.monotonic()))
-                    mark("agent", name)
-                except Exception as exc:
-                    errors[name] = exc
-                    session.agents.pop(name).close()
-                    session.transports.pop(name).close()
-        except BaseException:
-            session.close()
-            raise
-        return session, errors
+        return cls({n: t for n, (t, _) in results.items()},
+                   {n: a for n, (_, a) in results.items()}), errors
 
     def close(self) -> None:
         for agent in self.agents.values():

@@ -13,7 +13,6 @@ interpreter older than the package's oldest is refused in words (too_old), never
 from whichever module first uses what it lacks. (Python 2 refuses `-I` itself.)
 """
 import json
-import marshal
 import sys
 import zlib
 from importlib.machinery import ModuleSpec
@@ -39,12 +38,10 @@ ORIGIN = "tfdeploy-host/"
 
 class SourcesInMemory:
     """An importer of the package's modules from their sources held in memory: {path in the
-    package ("deploy/host/agent.py"): source}, and, where the controller's Python is this
-    one's, their code as it compiled it ({path: code}): compiling them here was a third of
-    the agent's start."""
+    package ("deploy/host/agent.py"): source}."""
 
-    def __init__(self, sources, codes=None):
-        self.sources, self.codes = sources, codes or {}
+    def __init__(self, sources):
+        self.sources = sources
         self.names = set(sources)
 
     def _file(self, fullname):
@@ -64,11 +61,9 @@ class SourcesInMemory:
         return None
 
     def exec_module(self, module):
+        source = self.get_source(module.__name__)
         module.__file__ = module.__spec__.origin
-        code = self.codes.get(module.__file__[len(ORIGIN):])
-        if code is None:
-            code = compile(self.get_source(module.__name__), module.__file__, "exec")
-        exec(code, module.__dict__)
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
 
     def get_source(self, fullname):
         return self.sources[self._file(fullname)[0]]
@@ -80,15 +75,10 @@ def unpacked(package):
 
 
 def load(stream):
-    """Read the package (its length on a line, then the compressed sources; then the Python
-    the code was compiled by and its length on a line, then the code, marshalled and
-    compressed) from `stream` and make it importable."""
-    sources = unpacked(stream.read(int(stream.readline())))
-    tag, _, size = stream.readline().decode("ascii").partition(" ")
-    compiled = stream.read(int(size))
-    same = tag == getattr(sys.implementation, "cache_tag", None)
-    codes = marshal.loads(zlib.decompress(compiled)) if same else None
-    sys.meta_path.insert(0, SourcesInMemory(sources, codes))
+    """Read the package (its length on a line, then the compressed sources) from `stream` and
+    make it importable."""
+    size = int(stream.readline())
+    sys.meta_path.insert(0, SourcesInMemory(unpacked(stream.read(size))))
 
 
 if __name__ == "__main__":
