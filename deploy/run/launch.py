@@ -264,10 +264,21 @@ def follow(run: Run, settings: RunSettings) -> None:
 
 def _all_running(run: Run) -> bool:
     """Whether every task is running on its host (a thorough check by the agents). A task that
-    already ended means the run is not one to leave alone: it is followed here instead."""
-    answers, errors = run.session.poll(run.plan, run.offsets())
-    return not errors and all(t.index in answers and answers[t.index].state == "running"
-                              for t in run.plan.tasks)
+    already ended means the run is not one to leave alone: it is followed here instead. A task
+    seen neither running nor ended, just after its start (its processes found by the run id
+    in their environment, read while one of them is starting), is asked about again."""
+    for _ in range(RUNNING_ASKS):
+        answers, errors = run.session.poll(run.plan, run.offsets())
+        states = [answers[t.index].state if t.index in answers else None
+                  for t in run.plan.tasks]
+        if errors or "exited" in states or all(s == "running" for s in states):
+            break
+        time.sleep(0.2)
+    return not errors and all(s == "running" for s in states)
+
+
+# How many times a run about to be detached is asked whether every task runs.
+RUNNING_ASKS = 5
 
 
 def _detach(run: Run, settings: RunSettings, why: str = "") -> int:
