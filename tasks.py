@@ -88,7 +88,7 @@ LOST_AFTER_HELP = ("seconds without a heartbeat from a host (its agent beats eve
                    "stopped (default: 10; 0: never)")
 
 MAX_FETCH_HELP = ("the most an archive from a host may unpack to: the chief's output, fetched "
-                  "into runs/<id>/artifacts, and its backup, carried by --restarts; larger "
+                  "into runs/<id>/artifacts, and the copy of its backup kept after each epoch; larger "
                   f"ones are refused (e.g. 500MiB, 32GiB; default: {MAX_BYTES >> 30}GiB)")
 
 JSON_HELP = ("print what happens as JSON lines on stdout, one event per line, for scripts and "
@@ -275,8 +275,7 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
                                 run_id=given_run_id(Path(runs_dir), run_id) if run_id else None)
         options = Options(payload=payload, entry=entry, args=tuple(split_args(args)),
                           grace=seconds("--grace", grace),
-                          requirements_sha256=requirements_hash(Path(payload)),
-                          backup=settings.restarts > 0)
+                          requirements_sha256=requirements_hash(Path(payload)))
         if dry_run:
             walked = refuse_bad_input(chosen, options, settings.runs_dir)
             if walked.left_out:
@@ -589,8 +588,7 @@ def resume(c, run="", hosts="", runs_dir="runs", connect_timeout="10",
     """Start a run that ended without finishing again, from its last backup.
 
     A run that failed, lost a host, was interrupted or stopped with `inv down` goes on from the
-    copy of the chief's backup its controller kept after each epoch (runs started with
-    --restarts keep one): the same payload, entry and arguments, on the hosts of --hosts or of
+    copy of the chief's backup its controller kept after each epoch: the same payload, entry and arguments, on the hosts of --hosts or of
     its record, its logs going on in the same run directory after an attempt marker. Refused
     when the run finished, still runs, or kept no backup.
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Mapping
 
-from deploy.host.archive import ROOM_MARGIN, Limits, Refused, size, survey, unpack
+from deploy.host.archive import ROOM_MARGIN, Limits, Refused, size, unpack
 from deploy.host.protocol import PortsFreeRequest, TaskStatus, quoted
 from deploy.inventory.model import Host, Inventory
 from deploy.plan.command import Request
@@ -26,6 +26,7 @@ from deploy.plan.planner import (
     poll_request, receive_request, replace_backup_request, stop_request, tensorboard_tail_request
 )
 from deploy.plan.ports import choose_ports, task_ports
+from deploy.cluster import keptbackup
 from deploy.cluster.hostagent import Body, HostAgent, StepFailed
 from deploy.cluster.parallel import HostsFailed, on_all, on_each
 from deploy.transport.base import CommandResult, Transport
@@ -364,33 +365,24 @@ class Session:
         return offsets
 
     def keep_backup(self, hp: HostPlan, limits: Limits, kept: Path) -> int | None:
-        """Copy the chief's TFDEPLOY_BACKUP_DIR (`hp` is its host) into the file `kept` as a
-        tar.gz, checked against `limits` and put in place whole once it has all come: the
-        controller's copy, which outlives the chief's host. Its size; None when the chief has
-        no backup yet (`kept` stays as it was)."""
+        """Renew the file `kept`, the controller's copy of the chief's TFDEPLOY_BACKUP_DIR
+        (`hp` is its host), from what changed there since (keptbackup.py), checked against
+        `limits`: the copy which outlives the chief's host. The bytes that travelled; None
+        when the chief has no backup yet (`kept` stays as it was)."""
         label, what = hp.host.label, "the chief's backup"
         kept.parent.mkdir(parents=True, exist_ok=True)
         with BodyFile(kept.parent, limits) as spool:
-            self.agents[hp.host.name].ask(fetch_backup_request(hp.run_dir, limits),
-                                          "fetching the backup", into=spool).wait(600)
-            archive = spool.ready(label, f"fetching {what}")
-            if archive is None:
+            listing = self.agents[hp.host.name].ask(
+                fetch_backup_request(hp.run_dir, limits, keptbackup.known(kept)),
+                "fetching the backup", into=spool).wait(600)
+            changed = spool.ready(label, f"fetching {what}")
+            if not listing.exists:
                 return None
             try:
-                survey(archive, limits)
+                keptbackup.renew(kept, changed, listing.files, limits)
             except Refused as exc:
                 raise refused(label, what, spool.size, exc, limits) from None
-            archive.seek(0)
-            # Its own name: a copy still coming in the background may be written beside it.
-            with tempfile.NamedTemporaryFile(dir=kept.parent, prefix=kept.name + ".",
-                                             delete=False) as out:
-                try:
-                    shutil.copyfileobj(archive, out)
-                except BaseException:
-                    Path(out.name).unlink()
-                    raise
-            Path(out.name).replace(kept)
-            return spool.size
+            return spool.size if changed is not None else 0
 
     def carry_backup(self, plan: RunPlan, filesystems: Mapping[str, str | None],
                      limits: Limits, kept: Path, source: str | None,

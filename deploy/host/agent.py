@@ -31,7 +31,7 @@ from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, checked_task_key, in_run
 from deploy.host.hosterror import HostError
 from deploy.host.protocol import (
-    CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
+    BackupOutRequest, CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
     EnvStatusRequest, FollowRequest, GpuPlaceRequest, GpuReleaseRequest,
     LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest, PollRequest,
     PortsFreeRequest, PortsRequest, ProbeRequest, PruneRequest, PushRequest, ReceiveRequest,
@@ -283,6 +283,13 @@ def tar_out(call):
                                  archive.Limits(request.max_bytes, request.max_members))}
 
 
+def backup_out(call):
+    request = call.request
+    body, files = archive.pack_changed(request.folder, request.known,
+                                       archive.Limits(request.max_bytes, request.max_members))
+    return {"body": body, "exists": files is not None, "files": files or {}}
+
+
 def tail(call):
     request = call.request
     body, offsets = archive.pack_tails(request.folder, request.sizes,
@@ -330,7 +337,8 @@ HANDLERS = {
     PushRequest: payload_push, DataPushRequest: data_push,
     LaunchRequest: launch, PollRequest: poll, FollowRequest: follow, CreditRequest: credit,
     StopRequest: ending, CleanupRequest: ending,
-    TarOutRequest: tar_out, TailRequest: tail, ReplaceBackupRequest: replace_backup,
+    TarOutRequest: tar_out, BackupOutRequest: backup_out, TailRequest: tail,
+    ReplaceBackupRequest: replace_backup,
     GpuPlaceRequest: gpu_place, GpuReleaseRequest: gpu_release,
     PruneRequest: pruning,
     EnvStatusRequest: env_status, EnvBuildRequest: env_build,

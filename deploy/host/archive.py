@@ -43,6 +43,12 @@ PIECE = 1 << 20
 _META_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
                tarfile.SOLARIS_XHDTYPE)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# A file read to be sent: never through a link, and a fifo planted there opens without
+# waiting for a writer (it is then skipped as not a regular file).
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# The pax record by which a packed backup file carries its nanosecond mtime as the host saw
+# it: with its size, what says whether the controller's copy of it is still current.
+MTIME_NS = "TFDEPLOY.mtime_ns"
 _FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                getattr(os, "O_CLOEXEC", 0))
 _KINDS = ((tarfile.SYMTYPE, "a symbolic link"), (tarfile.LNKTYPE, "a hard link"),
@@ -137,7 +143,7 @@ def _unreadable(exc):
         str(exc) or type(exc).__name__))
 
 
-def _members(fileobj):
+def each_member(fileobj):
     """The archive's members in order, read as a stream (none is kept: a hostile archive's
     member list could be any length); `fileobj` must be at its start."""
     try:
@@ -156,7 +162,7 @@ def survey(fileobj, limits):
     """(members, bytes) of the archive, refused (Refused) past `limits` as soon as it is
     known: a member that announces more bytes than are left is refused at its header."""
     members = total = 0
-    for _, member in _members(fileobj):
+    for _, member in each_member(fileobj):
         members += 1
         total += member.size
         if members > limits.members:
@@ -181,7 +187,7 @@ def unpack(fileobj, dest, limits):
                                                                      size(free)))
         fileobj.seek(0)
         done = Unpacked()
-        for tar, member in _members(fileobj):
+        for tar, member in each_member(fileobj):
             _unpack_member(tar, member, root, done, limits)
         return done
     finally:
@@ -303,6 +309,61 @@ def pack(folder, limits=None):
     return buf.getvalue()
 
 
+def pack_changed(folder, known, limits):
+    """The regular files under `folder` by relative name, each as [size, mtime in ns], and
+    tar.gz of those not as `known` lists them (each member carrying its mtime_ns, MTIME_NS):
+    (b"", None) when the folder does not exist, (b"", files) when nothing changed. Refused
+    past `limits`, every file counted: together they are the copy the other side keeps.
+    Links are not followed."""
+    if not os.path.isdir(folder):
+        return b"", None
+    files, buf, sent, total = {}, io.BytesIO(), 0, 0
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for top, dirs, names in os.walk(folder):
+            dirs.sort()
+            for name in sorted(names):
+                rel = os.path.relpath(os.path.join(top, name), folder)
+                try:
+                    fd = os.open(os.path.join(top, name), _READ_FLAGS)
+                except OSError:
+                    continue                 # a link, or gone since the walk saw it
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    total += st.st_size
+                    if len(files) >= limits.members or total > limits.bytes:
+                        raise Refused("%s holds more than %s or %d files: the limit" % (
+                            folder, size(limits.bytes), limits.members), True)
+                    files[rel] = [st.st_size, st.st_mtime_ns]
+                    if list(known.get(rel, ())) == files[rel]:
+                        continue
+                    info = tar.gettarinfo(arcname=rel, fileobj=f)
+                    # As listed: addfile then sends exactly these bytes, or fails.
+                    info.size, info.mode = st.st_size, 0o600
+                    info.pax_headers = {MTIME_NS: str(st.st_mtime_ns)}
+                    tar.addfile(info, f)
+                    sent += 1
+    return (buf.getvalue() if sent else b""), files
+
+
+def listed(fileobj):
+    """The archive's regular files as {name: (size, mtime_ns)} (mtime_ns None where the member
+    carries none: not packed by pack_changed), and how many members it holds in all."""
+    files, count = {}, 0
+    for _, member in each_member(fileobj):
+        count += 1
+        if member.isfile():
+            files[member.name] = (member.size, mtime_ns(member))
+    return files, count
+
+
+def mtime_ns(member):
+    """The mtime_ns a member packed by pack_changed carries; None for any other."""
+    ns = member.pax_headers.get(MTIME_NS, "")
+    return int(ns) if ns.isdigit() else None
+
+
 def pack_tails(folder, sizes, limits):
     """What each regular file under `folder` has past its size in `sizes` (by name relative to
     `folder`; a file not named there, or now shorter than named: all of it), as tar.gz of those
@@ -319,7 +380,7 @@ def pack_tails(folder, sizes, limits):
                 path = os.path.join(top, name)
                 rel = os.path.relpath(path, folder)
                 try:
-                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                    fd = os.open(path, _READ_FLAGS)
                 except OSError:
                     continue                 # a link, or gone since the walk saw it
                 with os.fdopen(fd, "rb") as f:

@@ -483,6 +483,26 @@ class Archived(Done):
 
 
 @record
+class BackupFiles(Answer):
+    """`backup-out`: whether the backup folder exists, and its files by relative name, each
+    as (size, mtime in ns); those that changed come as tar.gz in the frame's body (on the
+    controller: a file on disk)."""
+    exists: bool = False
+    files: Mapping[str, Tuple[int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def decode(cls, doc, verb):
+        fields = Fields(doc, verb)
+        listed, files = fields.object("files", required=False), {}
+        for name, pair in (listed.items() if listed else ()):
+            values = _list_of(_integer)(listed, name, pair)
+            if len(values) != 2 or min(values) < 0:
+                raise listed.fail(name, "is not [size, mtime_ns]: %s" % quoted(pair))
+            files[_text(listed, name, name)] = tuple(values)
+        return cls(fields.flag("exists", required=False), files)
+
+
+@record
 class GpuPlacement(Answer):
     """`gpu-place`: the GPU indices the host's tasks get, leased for the run; or why not."""
     indices: Tuple[int, ...] = ()
@@ -884,6 +904,18 @@ class CleanupRequest(HostRequest):
 class TarOutRequest(HostRequest):
     """`folder` as tar.gz, refused past `max_bytes` of files or `max_members` members."""
     folder: str
+    max_bytes: int
+    max_members: int
+
+
+@_registered("backup-out", BackupFiles)
+@record
+class BackupOutRequest(HostRequest):
+    """The backup `folder`'s files, and as tar.gz those not as `known` lists them (name ->
+    (size, mtime_ns): the controller's copy), refused past `max_bytes` of files or
+    `max_members` files: only what changed since the last copy travels."""
+    folder: str
+    known: Mapping[str, Tuple[int, int]]
     max_bytes: int
     max_members: int
 

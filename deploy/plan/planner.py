@@ -14,9 +14,9 @@ from deploy.host.archive import Limits
 from deploy.host.envkey import env_python
 from deploy.host.layout import in_run
 from deploy.host.protocol import (
-    CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, FollowRequest,
-    GpuPlaceRequest, GpuReleaseRequest, LaunchRequest, PollRequest, PortsRequest, PushRequest,
-    ReceiveRequest, ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest
+    BackupOutRequest, CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest,
+    FollowRequest, GpuPlaceRequest, GpuReleaseRequest, LaunchRequest, PollRequest, PortsRequest,
+    PushRequest, ReceiveRequest, ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest
 )
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
@@ -49,9 +49,6 @@ class Options:
     grace: float = 3.0
     # sha256 of the payload's requirements.txt: tasks prefer the env `inv setup` built from it.
     requirements_sha256: str | None = None
-    # Tasks keep BackupAndRestore state only when a relaunch can use it (--restarts): writing
-    # it costs every epoch, and without restarts the run directory and it go at teardown.
-    backup: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,10 +231,18 @@ def gpu_release_request(run_id: str) -> Request:
     return Request(GpuReleaseRequest(run_id))
 
 
-def fetch_backup_request(rundir: str, limits: Limits) -> Request:
-    """The chief's backup as tar.gz; nothing when it has none yet."""
-    return Request(TarOutRequest(HostPath(in_run(rundir, layout.BACKUP)), limits.bytes,
-                                 limits.members))
+# The most files of the controller's copy listed in a fetch of the backup (each about 60
+# bytes of a request's header, itself at most 1 MiB): past it, every file travels.
+MAX_KNOWN = 4096
+
+
+def fetch_backup_request(rundir: str, limits: Limits,
+                         known: Mapping[str, tuple[int, int]]) -> Request:
+    """The chief's backup: its files, and as tar.gz those not as `known` (the controller's
+    copy) lists them; nothing when it has none yet."""
+    return Request(BackupOutRequest(HostPath(in_run(rundir, layout.BACKUP)),
+                                    dict(known) if len(known) <= MAX_KNOWN else {},
+                                    limits.bytes, limits.members))
 
 
 def replace_backup_request(rundir: str, limits: Limits) -> Request:
@@ -313,7 +318,7 @@ def task_gpus(host: Host, slot: int) -> str | None:
 
 
 def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
-             count: int, gpus: str | None = None, backup: bool = False,
+             count: int, gpus: str | None = None,
              task_type: str = "worker") -> dict[str, EnvValue]:
     """`index` is the task's index among its type (TF_CONFIG's), `count` the number of worker
     tasks, `task_type` its TF_CONFIG type (chief, worker, ps, evaluator)."""
@@ -328,11 +333,11 @@ def task_env(host: Host, run_id: str, rundir: str, config: dict, index: int,
         "TFDEPLOY_TASK_INDEX": EnvValue(str(index)),
         "TFDEPLOY_NUM_WORKERS": EnvValue(str(count)),
         "TFDEPLOY_OUTPUT_DIR": EnvValue(in_run(rundir, layout.OUTPUT)),
+        # Where the payload keeps its BackupAndRestore state, in every run: the controller
+        # keeps a copy of the chief's after each epoch, which a relaunch (--restarts) or a
+        # later `inv resume` carries to every host (there is no shared disk).
+        "TFDEPLOY_BACKUP_DIR": EnvValue(in_run(rundir, layout.BACKUP)),
     }
-    if backup:
-        # Where the payload keeps its BackupAndRestore state; --restarts carries the chief's
-        # copy to every host before a relaunch (there is no shared disk).
-        env["TFDEPLOY_BACKUP_DIR"] = EnvValue(in_run(rundir, layout.BACKUP))
     if gpus is not None and gpus != "all":
         env["CUDA_VISIBLE_DEVICES"] = EnvValue(gpus)
     if gpus is not None:
@@ -368,7 +373,7 @@ def plan_run(inventory: Inventory, options: Options, run_id: str,
             gpus = task_gpus(host, slot)
             config = tf_config(spec, type_index, host.role)
             env = task_env(host, run_id, rundir, config, type_index, workers, gpus,
-                           options.backup, host.role)
+                           host.role)
             launch = Request(LaunchRequest(
                 HostPath(rundir), key, HostPath(in_run(rundir, layout.PAYLOAD)),
                 (HostPath(host.python), options.entry, *options.args), requirements,

@@ -34,14 +34,13 @@ def resume(runs_dir: Path, run_id: str, inventory: Inventory | None, settings: R
         raise BadInput(f"run {name} finished (exit 0): nothing to resume")
     backup = localdir.kept_backup(local_dir)
     if not backup.is_file():
-        raise BadInput(f"run {name} kept no backup to resume from ({backup} is missing): a "
-                       "run keeps a copy of its chief's backup after each epoch when started "
-                       "with --restarts")
+        raise BadInput(f"run {name} kept no backup to resume from ({backup} is missing): "
+                       "its controller keeps a copy of the chief's TFDEPLOY_BACKUP_DIR after "
+                       "each epoch, and this chief ended none or wrote nothing there")
     if inventory is None:
         # The record's hosts as the run last had them (a host it gave up on stays a spare).
         # Their `env` is not recorded: give the inventory to have it.
         inventory = Inventory(path=str(local_dir / localdir.RECORD), hosts=record.hosts)
-    options = dataclasses.replace(record.options, backup=True)
     settings = dataclasses.replace(settings, run_id=name, runs_dir=runs_dir)
-    return train(inventory, options, settings, reporter,
+    return train(inventory, record.options, settings, reporter,
                  Resuming(attempt=record.attempt + 1, backup=backup))

@@ -43,8 +43,8 @@ class Watch:
         self.quiet: set[str] = set()  # hosts whose follower ended with all their tasks
         self.lost = run.lost          # hosts given up on (no heartbeat), in this run
         self.tensorboard = LiveTensorBoard(run)
-        # --restarts: the chief's backup is copied here after each of its epochs.
-        self.chief = run.plan.chief.index if run.plan.options.backup else None
+        # The chief's backup is copied here after each of its epochs.
+        self.chief = run.plan.chief.index
         self.backup = BackupKeeper(run)
         self.answered = False        # a follow's first answer is a phase's end (timeline)
 

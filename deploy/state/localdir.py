@@ -15,8 +15,9 @@
                          payload writes them (TFDEPLOY_OUTPUT_DIR/tensorboard); while the run
                          is followed, a copy kept up after each epoch (livetensorboard.py)
     .tensorboard-*/      one fetch of those logs' new bytes, unpacked before they are added
-    backup/chief.tar.gz  the chief's TFDEPLOY_BACKUP_DIR as of its last epoch (--restarts):
-                         carried to the hosts of a new attempt, the chief's own lost or not
+    backup/chief.tar.gz  the chief's TFDEPLOY_BACKUP_DIR as of its last epoch, renewed from
+                         what changed (cluster/keptbackup.py): carried to the hosts of a new
+                         attempt (--restarts, `inv resume`), the chief's own lost or not
     batch.sh             a submitted run's batch script (`inv submit`, run/submitted.py)
     slurm-job.json       its Slurm job's id and when it was submitted
     slurm-<job>.out      the job's output: what the controller inside it printed

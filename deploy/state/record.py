@@ -354,8 +354,7 @@ def _number(value, field: str, fail) -> float:
 def _options(fields: dict) -> Options:
     return Options(payload=fields["payload"], entry=fields["entry"], args=tuple(fields["args"]),
                    grace=float(fields["grace"]),
-                   requirements_sha256=fields["requirements_sha256"],
-                   backup=bool(fields["backup"]))
+                   requirements_sha256=fields["requirements_sha256"])
 
 
 def _stored(value):

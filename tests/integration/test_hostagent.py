@@ -18,10 +18,14 @@ import pytest
 
 import deploy.host
 import hostpkg
+from deploy.cluster.session import Session
+from deploy.host import layout
+from deploy.host.archive import Limits, unpack
+from deploy.inventory.model import Inventory
 from deploy.host.protocol import PortsRequest
 from deploy.host.boot import SourcesInMemory, unpacked
 from deploy.host.frames import read_frame
-from deploy.plan.planner import AGENT_BOOT, follow_request
+from deploy.plan.planner import AGENT_BOOT, Options, follow_request, plan_run
 from deploy.cluster.hostagent import StepFailed, boot_stdin
 from deploy.cluster.hostzip import host_sources
 
@@ -141,3 +145,28 @@ def test_a_lost_agent_fails_what_waits_and_what_is_asked_after(tmp_path):
         with pytest.raises(StepFailed, match="h: the connection was lost"):
             agent.ask(PortsRequest(1), timeout=5)
     assert frames[0].tasks["0"].state == "pending"
+
+
+def test_a_backup_copy_brings_only_what_changed_since_the_last(tmp_path):
+    """Session.keep_backup twice through a real agent: the second copy, after one small file
+    of the chief's backup changed, brings that file alone; the copy equals the backup."""
+    inventory = Inventory("hosts.yaml", (hostpkg.local_host(str(tmp_path / "w")),))
+    (hp,) = plan_run(inventory, Options(), "20261205-000000-abcdef").hosts
+    backup = Path(hp.run_dir) / layout.BACKUP
+    (backup / "chief").mkdir(parents=True)
+    (backup / "chief" / "checkpoint").write_text("model_checkpoint_path: 1\n")
+    (backup / "static.bin").write_bytes(os.urandom(1 << 20))
+    kept, limits = tmp_path / "local" / "chief.tar.gz", Limits(1 << 30, 1000)
+    with hostpkg.LocalAgent(hp.host) as agent:
+        session = Session({hp.host.name: agent.transport}, {hp.host.name: agent.agent})
+        first = session.keep_backup(hp, limits, kept)
+        (backup / "chief" / "checkpoint").write_text("model_checkpoint_path: 22\n")
+        second = session.keep_backup(hp, limits, kept)
+    print(f"first copy: {first} bytes; after one small file changed: {second} bytes")
+    assert first > 1 << 20 and 0 < second < 4096
+    with kept.open("rb") as archive:
+        unpack(archive, str(tmp_path / "copy"), limits)
+    assert (tmp_path / "copy" / "chief" / "checkpoint").read_text() == \
+        "model_checkpoint_path: 22\n"
+    assert (tmp_path / "copy" / "static.bin").read_bytes() == \
+        (backup / "static.bin").read_bytes()

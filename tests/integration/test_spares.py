@@ -165,13 +165,14 @@ def test_shrink_goes_on_with_the_hosts_that_remain(four_hosts, tmp_path):
     assert_down_leaves_nothing(runs, run_id, hosts[:3])
 
 
-def test_without_spare_or_shrink_the_run_fails_and_resume_goes_on(four_hosts, tmp_path):
+def test_without_restarts_the_run_fails_and_resume_goes_on(four_hosts, tmp_path):
+    """Every run keeps a copy of the chief's backup, --restarts or not: any run can be
+    resumed."""
     lab, hosts = four_hosts
-    controller, run_id, runs = lose_and_recover(tmp_path, lab, hosts[:3], {}, 2,
-                                                "--restarts", "1")
+    controller, run_id, runs = lose_and_recover(tmp_path, lab, hosts[:3], {}, 2)
     out = controller.output
     assert controller.proc.returncode == 1, out
-    assert f"{hosts[2].name} is lost and no spare is left" in out, out
+    assert f"{hosts[2].name}" in out and "the host is lost — stopping the other tasks" in out, out
     # The lost host answers again: what the failed run left there goes.
     assert_down_leaves_nothing(runs, run_id, hosts[:3])
     # A new VM in place of the lost one.

@@ -130,7 +130,7 @@ hosts:
 LAB_PORTS = {0: 20000, 1: 20001, 2: 30000}
 CASES = {
     "local": (LOCAL, None, Options()),
-    "lab": (LAB, None, Options(args=("--epochs", "5", "--note", "it's $(fine)"), backup=True)),
+    "lab": (LAB, None, Options(args=("--epochs", "5", "--note", "it's $(fine)"))),
     "lab_ports": (LAB, LAB_PORTS, Options(entry="main.py")),
     "gpus": (GPUS, {0: 20000, 1: 20001, 2: 20002, 3: 20003}, Options()),
     # With a requirements.txt: tasks prefer the `inv setup` environment each host resolves.

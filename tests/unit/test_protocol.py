@@ -16,13 +16,13 @@ import pytest
 
 from deploy.host.frames import Bounds, FrameError, read_frame
 from deploy.host.protocol import (
-    REQUESTS, Beat, CleanupRequest, Connect, CreditRequest, DataPushRequest,
-    DataReceiveRequest, EnvBuildRequest, EnvStatus, EnvStatusRequest, FollowRequest, Freed,
-    GpuPlaceRequest, GpuReleaseRequest, HostRequest, LaunchRequest, Launched, MeshCloseRequest,
-    MeshDialRequest, MeshDialed, MeshListenRequest, MeshListening, MeshResult, PollRequest,
-    PortsFreeRequest, PortsRequest, Probe, ProbeRequest, ProtocolError, PruneRequest, Pruned,
-    PushRequest, Pushed, ReceiveRequest, ReplaceBackupRequest, SetupEvent, StopRequest, Stopped,
-    TailRequest, TarOutRequest, TaskStatus, Tasks, Unpacked, decode_request, error_of
+    REQUESTS, BackupFiles, BackupOutRequest, Beat, CleanupRequest, Connect, CreditRequest,
+    DataPushRequest, DataReceiveRequest, EnvBuildRequest, EnvStatus, EnvStatusRequest,
+    FollowRequest, Freed, GpuPlaceRequest, GpuReleaseRequest, HostRequest, LaunchRequest, Launched,
+    MeshCloseRequest, MeshDialRequest, MeshDialed, MeshListenRequest, MeshListening, MeshResult,
+    PollRequest, PortsFreeRequest, PortsRequest, Probe, ProbeRequest, ProtocolError, PruneRequest,
+    Pruned, PushRequest, Pushed, ReceiveRequest, ReplaceBackupRequest, SetupEvent, StopRequest,
+    Stopped, TailRequest, TarOutRequest, TaskStatus, Tasks, Unpacked, decode_request, error_of
 )
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
@@ -66,6 +66,8 @@ GOOD = {
     "replace-backup": ({"files": 2, "skipped": [["escape", "a symbolic link"]],
                         "skipped_count": 1},
                        Unpacked(2, (("escape", "a symbolic link"),), 1)),
+    "backup-out": ({"exists": True, "files": {"chief/checkpoint": [75, 10 ** 18]}},
+                   BackupFiles(True, {"chief/checkpoint": (75, 10 ** 18)})),
     "prune": ({kind: {"count": 1, "bytes": 10} for kind in ("files", "envs", "runs")},
               Pruned(Freed(1, 10), Freed(1, 10), Freed(1, 10))),
 }
@@ -301,6 +303,8 @@ SAMPLES = [
     CreditRequest(7),
     StopRequest("/w/runs/r1", 2.5), CleanupRequest("/w/runs/r1", 1.0, "a"),
     TarOutRequest("/w/runs/r1/output", 1 << 30, 10000),
+    BackupOutRequest(HostPath("~/w/runs/r1/backup"), {"chief/checkpoint": (75, 10 ** 18)},
+                     1 << 30, 10000),
     TailRequest(HostPath("~/w/runs/r1/output/tensorboard"), {"train/events.1": 10}, 1 << 26, 100),
     GpuPlaceRequest("20261204-1-a", (0, 2), allow_busy=True), GpuReleaseRequest("20261204-1-a"),
     ReplaceBackupRequest("/w/runs/r1", 1 << 30, 10000),
