@@ -85,6 +85,14 @@ def hostile_tar_gz(dest: str, target: str, honest: bytes = b"") -> bytes:
     return buf.getvalue()
 
 
+def listing(archive: bytes) -> dict[str, list[int]]:
+    """Every regular member of the tar.gz as a backup's host lists its files: [size,
+    mtime_ns]."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return {m.name: [m.size, int(m.pax_headers.get("TFDEPLOY.mtime_ns", 0))]
+                for m in tar if m.isfile()}
+
+
 def gzip_bomb(unpacked: int) -> bytes:
     """A tar.gz of one file of `unpacked` zero bytes: about a thousandth of that in size."""
     buf = io.BytesIO()

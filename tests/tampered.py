@@ -7,7 +7,8 @@ it between commands:
     archive   the chief's output archive carries hostile members (tests/hostile.py: the
               symlink chain that gets through tarfile's filter="data", files written through
               it, `..` names, links, a device, a fifo) aimed at a victim directory
-    backup    the same, in the chief's backup archive, aimed from another host's backup dir
+    backup    the same, in the chief's backup archive, aimed from another host's backup dir,
+              each hostile file listed as one of the backup's
     bomb      the chief's output archive is a gzip bomb (a file of zeros)
     big       the chief's output archive is 1 GiB of bytes that are not a tar.gz
     beat      once the run is followed, a heartbeat announces and sends a 1 GiB body
@@ -86,6 +87,7 @@ def modes(config) -> list[str]:
 def tamper(agent, config) -> None:
     import hostile
     pack, statuses, follow = agent.archive.pack, agent.tasks.statuses, agent.tasks.follow
+    pack_changed = agent.archive.pack_changed
     followed = threading.Event()
 
     def hostile_pack(folder, limits=None):
@@ -97,10 +99,17 @@ def tamper(agent, config) -> None:
             return hostile.hostile_tar_gz(dest, os.path.relpath(config["victim"], dest), honest)
         if folder.endswith("/output") and "bomb" in now:
             return Path(config["bomb"]).read_bytes()
-        if folder.endswith("/backup") and "backup" in now:
-            dest = os.path.join(config["backup_dest"], "runs", run_id, "backup")
-            return hostile.hostile_tar_gz(dest, os.path.relpath(config["victim"], dest), honest)
         return honest
+
+    def hostile_pack_changed(folder, known, limits):
+        """The backup's hostile members, each listed as if it were one of its files."""
+        honest, files = pack_changed(folder, known, limits)
+        if "backup" not in modes(config) or files is None:
+            return honest, files
+        run_id = os.path.basename(os.path.dirname(folder))
+        dest = os.path.join(config["backup_dest"], "runs", run_id, "backup")
+        body = hostile.hostile_tar_gz(dest, os.path.relpath(config["victim"], dest), honest)
+        return body, dict(files, **hostile.listing(body))
 
     def hostile_statuses(*args, **kwargs):
         tasks = statuses(*args, **kwargs)
@@ -141,6 +150,7 @@ def tamper(agent, config) -> None:
 
     honest_respond = agent.respond
     agent.archive.pack = hostile_pack
+    agent.archive.pack_changed = hostile_pack_changed
     agent.tasks.statuses = hostile_statuses
     agent.tasks.follow = watched_follow
     agent.respond = respond

@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Mapping
 
-from deploy.host.archive import Limits, Refused, each_member, listed, mtime_ns, size, survey
+from deploy.host.archive import (
+    Limits, Refused, each_member, listed, mtime_ns, plain_name, size, survey
+)
 
 
 def known(kept: Path) -> dict[str, tuple[int, int]]:
@@ -36,6 +38,9 @@ def renew(kept: Path, changed: BinaryIO | None, files: Mapping[str, tuple[int, i
     `changed` (tar.gz of the files that changed, None when none did), every other file
     from `kept` as it was. Refused, `kept` untouched, past `limits` or when they do not
     add up."""
+    strange = next((name for name in files if not plain_name(name)), None)
+    if strange is not None:
+        raise Refused(f"it lists {strange!r}, not a plain relative name")
     total = sum(length for length, _ in files.values())
     if len(files) > limits.members or total > limits.bytes:
         raise Refused(f"the backup holds {len(files)} files of {size(total)}: more than the "

@@ -205,6 +205,11 @@ def _parts(name):
     return parts
 
 
+def plain_name(name):
+    """Whether a member's name stays inside where it is unpacked: relative, no `..`."""
+    return _parts(name) is not None
+
+
 def _why_not(member):
     for kind, words in _KINDS:
         if member.type == kind:

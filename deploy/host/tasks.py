@@ -21,6 +21,21 @@ from deploy.host.teardown import group_exists, group_members
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
 PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
 
+# How many supervisors this agent started have exited: a follow waiting out its interval
+# looks again as soon as one does, so a task's end reaches the controller at once.
+_ends = 0
+_ended = threading.Condition()
+
+
+def _reap(proc):
+    """Wait for a supervisor (its zombie would keep the task's process group alive to every
+    check) and tell the follows it ended."""
+    global _ends
+    proc.wait()
+    with _ended:
+        _ends += 1
+        _ended.notify_all()
+
 
 def set_aside(rundir, task, attempt):
     """A relaunch keeps the previous attempt's pid and exit files under another name, so
@@ -77,9 +92,8 @@ def launch(rundir, task, cwd, argv, requirements, variables):
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, close_fds=True)
     log.close()
-    # The agent that started it lives as long as the run: it must reap the supervisor, whose
-    # zombie would otherwise keep the task's process group alive to every check.
-    threading.Thread(target=proc.wait, daemon=True).start()
+    # The agent that started it lives as long as the run: it reaps the supervisor.
+    threading.Thread(target=_reap, args=(proc,), daemon=True).start()
     info = {"pid": proc.pid, "pgid": proc.pid, "started": time.time()}
     write_json_atomic(task_file(rundir, task, "pid"), info)
     return info
@@ -134,6 +148,7 @@ def follow(rundir, offsets, send, interval=0.1):
     offsets = dict(offsets)
     last = {}
     while True:
+        ends = _ends
         tasks = statuses(rundir, offsets, thorough=False)
         changed, chunks = {}, {}
         for task, (status, data) in tasks.items():
@@ -154,4 +169,5 @@ def follow(rundir, offsets, send, interval=0.1):
         # theirs), and at full speed once they have ended.
         behind = [s for s, _ in tasks.values() if s["offset"] < s["size"]]
         if not behind or any(s["state"] == "running" for s in behind):
-            time.sleep(interval)
+            with _ended:
+                _ended.wait_for(lambda: _ends != ends, interval)

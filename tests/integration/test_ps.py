@@ -2,6 +2,7 @@
 workers, a ps and an evaluator, each with its own workdir; the run ends with the chief."""
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -139,14 +140,17 @@ def held_run(runs: Path) -> Path | None:
     return None
 
 
-def kill_task(host, run_id: str, name: str) -> None:
-    """SIGKILL the training process of task `name` (not its supervisor, which records 137)."""
+def kill_task(host, run_id: str, name: str, holding: int | None = None) -> socket.socket | None:
+    """SIGKILL the training process of task `name` (not its supervisor, which records 137);
+    `holding`: its listening socket on that port is kept open here first (hold_listener)."""
     pid_file = Path(host.workdir) / "runs" / run_id / f"{name}.pid"
     pgid = json.loads(pid_file.read_text())["pgid"]
     children = [p for p in processes_of_run(run_id) if p != pgid and os.getpgid(p) == pgid]
     assert children, name
+    held = hold_listener(children, holding) if holding else None
     for pid in children:
         os.kill(pid, signal.SIGKILL)
+    return held
 
 
 def finish(controller: subprocess.Popen) -> str:
@@ -156,23 +160,43 @@ def finish(controller: subprocess.Popen) -> str:
         end(controller)
 
 
-def take_port(port: int, timeout: float = 10) -> socket.socket:
-    """Listen on `port` on every interface, as soon as the killed task has let go of it: the
-    other program that takes a port between a task's end and its relaunch."""
-    deadline = time.monotonic() + timeout
-    while True:
-        taker = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        taker.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            taker.bind(("::", port))
-            taker.listen()
-            return taker
-        except OSError:
-            taker.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+# pidfd_getfd(2), which Python's os module lacks: the same number on every architecture.
+PIDFD_GETFD = 438
+
+
+def listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on `port` (IPv4 and IPv6) on this machine."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                inodes.add(fields[9])
+    return inodes
+
+
+def hold_listener(pids: list[int], port: int) -> socket.socket:
+    """A copy, in this process, of the socket one of `pids` listens on `port` with: once they
+    are killed it goes on listening there, so the port is never free in between. The other
+    program that has taken the port when the relaunch comes, without racing the probe."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    inodes = listening_inodes(port)
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                pidfd = os.pidfd_open(pid)
+                try:
+                    copy = libc.syscall(PIDFD_GETFD, pidfd, int(fd), 0)
+                finally:
+                    os.close(pidfd)
+                if copy < 0:
+                    raise OSError(ctypes.get_errno(), f"pidfd_getfd of pid {pid} fd {fd}")
+                return socket.socket(fileno=copy)
+    raise AssertionError(f"no process of {pids} listens on port {port}")
 
 
 def test_a_worker_whose_port_was_taken_meanwhile_is_not_relaunched_in_place(ps_setup,
@@ -191,8 +215,7 @@ def test_a_worker_whose_port_was_taken_meanwhile_is_not_relaunched_in_place(ps_s
         record = json.loads((run_dir / "record.json").read_text())
         port = next(t["port"] for t in record["tasks"] if t["name"] == "worker-1")
         reader.start()
-        kill_task(hosts[1], run_dir.name, "worker-1")
-        taker = take_port(port)
+        taker = kill_task(hosts[1], run_dir.name, "worker-1", holding=port)
         deadline = time.monotonic() + 60
         while not any("is not relaunched" in line for line in said):
             assert time.monotonic() < deadline and controller.poll() is None, "".join(said)
