@@ -77,6 +77,8 @@ def finish(run: Run, how: str) -> int:
              Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
     if not problems or how == Finish.DONE:
         run.set_state(state, exit_code=code, ended=time.time())
+    if how == Finish.DONE and code == 0:
+        localdir.drop_kept_backup(local_dir)
     told = told_epochs(run.tasks) or not any(t.state == "exited" for t in run.tasks)
     reporter.emit(RunSummary(
         plan.run_id, code, tuple(snapshot(t) for t in run.tasks), wall_time,

@@ -17,7 +17,8 @@
     .tensorboard-*/      one fetch of those logs' new bytes, unpacked before they are added
     backup/chief.tar.gz  the chief's TFDEPLOY_BACKUP_DIR as of its last epoch, renewed from
                          what changed (cluster/keptbackup.py): carried to the hosts of a new
-                         attempt (--restarts, `inv resume`), the chief's own lost or not
+                         attempt (--restarts, `inv resume`), the chief's own lost or not;
+                         removed once the run finished with exit 0
     batch.sh             a submitted run's batch script (`inv submit`, run/submitted.py)
     slurm-job.json       its Slurm job's id and when it was submitted
     slurm-<job>.out      the job's output: what the controller inside it printed
@@ -44,6 +45,7 @@ LOSS_PLOT = "loss.png"
 TENSORBOARD = "tensorboard"
 BATCH_SCRIPT = "batch.sh"
 SLURM_JOB = "slurm-job.json"
+KEPT_BACKUP = "backup"
 
 
 def job_output(local_dir: Path, job_id: str) -> Path:
@@ -53,7 +55,13 @@ def job_output(local_dir: Path, job_id: str) -> Path:
 
 def kept_backup(local_dir: Path) -> Path:
     """The controller's copy of the chief's backup (Session.keep_backup)."""
-    return local_dir / "backup" / "chief.tar.gz"
+    return local_dir / KEPT_BACKUP / "chief.tar.gz"
+
+
+def drop_kept_backup(local_dir: Path) -> None:
+    """A run that finished with exit 0 is never resumed: its copy of the backup (as large as
+    the model's checkpoint) goes."""
+    shutil.rmtree(local_dir / KEPT_BACKUP, ignore_errors=True)
 
 
 def task_log(local_dir: Path, name: str) -> Path:

@@ -117,6 +117,8 @@ def assert_resumed(runs: Path, run_id: str, workers: int) -> None:
     assert all(t["epochs"] == EPOCHS for t in summary["tasks"]), summary["tasks"]
     resumed = [e["epoch"] for e in events(run_dir / "worker-0.log", "resumed")]
     assert resumed and resumed[-1] >= LOST_AT - 1, resumed
+    # Finished with exit 0: nothing will resume it, so the copy of the backup is gone.
+    assert not (run_dir / "backup").exists()
 
 
 def assert_down_leaves_nothing(runs: Path, run_id: str, hosts) -> None:
