@@ -31,8 +31,8 @@ from deploy.host.frames import FrameError, read_frame, write_frame
 from deploy.host.layout import BACKUP, checked_task_key, in_run
 from deploy.host.hosterror import HostError
 from deploy.host.protocol import (
-    BackupOutRequest, CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest, EnvBuildRequest,
-    EnvStatusRequest, FollowRequest, GpuPlaceRequest, GpuReleaseRequest,
+    BackupOutRequest, CleanupRequest, CreditRequest, DataPushRequest, DataReceiveRequest,
+    EnvBuildRequest, EnvStatusRequest, FollowRequest, GpuPlaceRequest, GpuReleaseRequest,
     LaunchRequest, MeshCloseRequest, MeshDialRequest, MeshListenRequest, PollRequest,
     PortsFreeRequest, PortsRequest, ProbeRequest, PruneRequest, PushRequest, ReceiveRequest,
     ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest, decode_request
