@@ -129,3 +129,22 @@ class NetnsHost(Namespaces):
     def cut_mesh(self) -> None:
         ip("link", "set", self.mesh[1], "down", netns=self.name)
         self.check_routes()
+
+    def set_links(self, state: str) -> None:
+        """Both links' namespace ends `down` (the host loses its network, SSH and cluster
+        traffic alike, as a VM whose link goes down) or `up` again."""
+        for link in (self.ctl[1], self.mesh[1]):
+            ip("link", "set", link, state, netns=self.name)
+        self.check_routes()
+
+    def add_root_address(self) -> str:
+        """One more address of this machine, unused until now, on the root end of the mesh
+        link, for another lab host here: hosts reached at different SSH addresses need cluster
+        addresses of their own. The namespace has no route to it; it stays reachable here
+        while the link is down (a local address), and goes with the link."""
+        n, = _unused_subnets(1)
+        address = f"10.213.{n}.1"
+        ip("addr", "add", f"{address}/32", "dev", self.mesh[0])
+        assert address in ip("-o", "addr", "show", "dev", self.mesh[0])
+        assert ip("route", "get", address).split()[0] == "local"
+        return address

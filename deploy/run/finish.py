@@ -36,10 +36,14 @@ class Finish:
         return Finish.TERMINATED if isinstance(interrupt, Terminated) else Finish.INTERRUPTED
 
 
-def finish(run: Run, how: str) -> int:
+def finish(run: Run, how: str, ended: dict | None = None) -> int:
     """Fetch what the run made, tear it down everywhere, write the summary and the record.
     Runs on every exit path once anything was started, including Ctrl-C and errors. A second
-    interrupt abandons the teardown (abandon())."""
+    interrupt abandons the teardown (abandon()). `ended`: the summary of a run that had
+    already ended (`inv down` once a host lost during it answers again); it is kept, with
+    what this teardown could not do in place of what the run's end could not, and so is the
+    record's state: rewriting them would forget the run's end (a finished run would show as
+    down, its tasks pending, and `inv resume` would start it again)."""
     session, reporter, local_dir = run.session, run.reporter, run.dir
     # Hosts lost during the run whose tasks went elsewhere are not asked: they are named at
     # the end, and `inv down` (which asks every host of the record) cleans them later.
@@ -67,18 +71,22 @@ def finish(run: Run, how: str) -> int:
     finally:
         run.close()
     code = _exit_code(run, how, problems)
-    wall_time = _wall_time(local_dir)
+    wall_time = ended.get("wall_time_s") if ended else _wall_time(local_dir)
     plot = draw_loss_plot(run.tasks, local_dir, plan.run_id, reporter)
     tensorboard = localdir.link_tensorboard(local_dir)
-    write_json(local_dir / localdir.SUMMARY,
-               dict(_summary(run, artifacts, problems, code, how, wall_time, plot, tensorboard),
-                    lost_hosts=list(lost)))
-    state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
-             Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
-    if not problems or how == Finish.DONE:
-        run.set_state(state, exit_code=code, ended=time.time())
-    if how == Finish.DONE and code == 0:
-        localdir.drop_kept_backup(local_dir)
+    if ended:
+        write_json(local_dir / localdir.SUMMARY,
+                   dict(ended, teardown_problems=problems, lost_hosts=list(lost)))
+    else:
+        write_json(local_dir / localdir.SUMMARY,
+                   dict(_summary(run, artifacts, problems, code, how, wall_time, plot,
+                                 tensorboard), lost_hosts=list(lost)))
+        state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
+                 Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
+        if not problems or how == Finish.DONE:
+            run.set_state(state, exit_code=code, ended=time.time())
+        if how == Finish.DONE and code == 0:
+            localdir.drop_kept_backup(local_dir)
     told = told_epochs(run.tasks) or not any(t.state == "exited" for t in run.tasks)
     reporter.emit(RunSummary(
         plan.run_id, code, tuple(snapshot(t) for t in run.tasks), wall_time,

@@ -234,6 +234,9 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
         reporter.emit(RunNote(record.run_id, f"run {record.run_id} has already ended "
                                              f"({_describe(record)}): nothing to stop"))
         return 0
+    # A run that has ended, but whose end could not reach a host (lost during the run): what
+    # is left there goes, and how the run ended stays in its summary and record.
+    ended = None if record.state.active else (_summary(local_dir) or None)
     lock = FollowLock(local_dir)
     # Another controller following the run keeps writing its logs; only without one do we.
     mine = lock.acquire()
@@ -241,10 +244,12 @@ def down(runs_dir: Path, run_id: str | None, settings: RunSettings,
         record, run = _open(runs_dir, local_dir.name, settings, reporter, writes_logs=mine)
         if mine:
             load_local_logs(run, None)
+        if ended:
+            _apply_summary(run, local_dir)
         reporter.emit(RunNote(record.run_id, f"stopping run {record.run_id} "
                                              f"({_describe(record)}) on {len(run.plan.hosts)} "
                                              "host(s)…"))
-        return finish(run, Finish.DOWN)
+        return finish(run, Finish.DOWN, ended)
     finally:
         lock.release()
 

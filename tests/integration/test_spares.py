@@ -3,8 +3,9 @@ TensorFlow: a host frozen at epoch 6 of 24 (SIGSTOP of its sshd and of every pro
 run there, as a VM that vanishes), named after 5 s without heartbeats. With --restarts its
 tasks go to a `role: spare` host, or away (--shrink), and training resumes from the
 controller's copy of the chief's backup, the chief's own host lost or not, and also where all
-four hosts share one workdir. Once the lost host answers again, `inv down` leaves nothing of
-the run anywhere.
+four hosts share one workdir; and a host cut off rather than frozen: in a network namespace
+whose links go down. Once the lost host answers again, `inv down` leaves nothing of the run
+anywhere, and keeps how the run ended.
 
 How long from the loss to the new attempt's first epoch is printed, not asserted.
 """
@@ -16,11 +17,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from test_lost_host import Controller, children, down, freezer, signal_all
 from test_train import REPO
 
+from netns import NetnsHost, NetnsUnavailable
 from procs import wait_until_gone
 from sshlab import SshLab
 
@@ -74,16 +77,21 @@ def wait_for_epoch(runs: Path, controller: Controller, log: str, epoch: int) -> 
 
 
 def lose_and_recover(tmp_path: Path, lab: SshLab, hosts, roles: dict[int, str], lost: int,
-                     *flags: str) -> tuple[Controller, str, Path]:
-    """Train on `hosts` (`roles`: index -> role), freeze host `lost` once it has ended epoch
-    LOST_AT, and return the controller once it exited, the run's id and runs dir. The lost
-    host is thawed afterwards and the run brought down."""
-    inventory = lab.write_inventory(tmp_path / "hosts.yaml", hosts, per_host={
-        hosts[index].name: {"role": role} for index, role in roles.items()})
+                     *flags: str, per_host: dict[str, dict] | None = None,
+                     losing: tuple[Callable[[str], None], Callable[[], None]] | None = None
+                     ) -> tuple[Controller, str, Path]:
+    """Train on `hosts` (`roles`: index -> role; `per_host`: more fields by host name), lose
+    host `lost` once worker 0 has ended epoch LOST_AT, and return the controller once it
+    exited, the run's id and runs dir. The host is frozen and thawed afterwards, or lost by
+    `losing`'s first function (given the run's id) and given back by its second."""
+    fields = {name: dict(more) for name, more in (per_host or {}).items()}
+    for index, role in roles.items():
+        fields.setdefault(hosts[index].name, {})["role"] = role
+    inventory = lab.write_inventory(tmp_path / "hosts.yaml", hosts, per_host=fields)
     runs = tmp_path / "runs"
     controller = Controller("--hosts", str(inventory), "--runs-dir", str(runs), *TRAIN,
                             *flags)
-    freeze, thaw = freezer(lab, lost, hosts[lost].workdir)
+    freeze, thaw = losing or freezer(lab, lost, hosts[lost].workdir)
     run_id = None
     try:
         run_id = wait_for_epoch(runs, controller, "worker-0.log", LOST_AT)
@@ -122,11 +130,18 @@ def assert_resumed(runs: Path, run_id: str, workers: int) -> None:
 
 
 def assert_down_leaves_nothing(runs: Path, run_id: str, hosts) -> None:
+    """`inv down` ends and removes what the lost host kept of the ended run, and keeps how the
+    run ended: its summary (but what its end could not reach) and its record's state."""
+    summary, record = runs / run_id / "summary.json", runs / run_id / "record.json"
+    ended, state = json.loads(summary.read_text()), json.loads(record.read_text())["state"]
     done = down(runs, run_id)
     assert done.returncode == 0, done.stdout + done.stderr
     assert wait_until_gone(run_id, 10) == [], done.stdout
     for host in hosts:
         assert not (Path(host.workdir) / "runs" / run_id).exists(), (host, done.stdout)
+    after = json.loads(summary.read_text())
+    assert after == dict(ended, teardown_problems=[], lost_hosts=[]), (ended, after)
+    assert json.loads(record.read_text())["state"] == state, done.stdout
 
 
 @pytest.mark.parametrize("lost", [2, 0], ids=["a-worker-host", "the-chief-host"])
@@ -154,6 +169,59 @@ def test_a_spare_on_a_workdir_the_lost_host_shares(four_sharing_a_workdir, tmp_p
     assert controller.proc.returncode == 0, controller.output
     assert_resumed(runs, run_id, workers=3)
     assert_down_leaves_nothing(runs, run_id, hosts)
+
+
+def test_a_spare_takes_the_tasks_of_a_host_whose_link_went_down(tmp_path):
+    """The lost host is in a network namespace whose links (SSH and cluster) go down: nothing
+    of it is frozen, it is only cut off. Its run directory stays there until `inv down`, once
+    the links are up again. (Its task ends sooner here: every lab host is this machine, and
+    the other hosts' stop ends the run's processes by the run id in their environment.)"""
+    try:
+        namespace = NetnsHost()
+        namespace.__enter__()
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        with SshLab(tmp_path / "lab", first_octet=96) as lab:
+            near = lab.start(1)[0]
+            namespace.check_exists()
+            cut = lab.start_in_netns(namespace.name, namespace.ctl_ns)
+            far, spare = lab.start(2)
+            spare_address = namespace.add_root_address()
+            hosts = [near, cut, far, spare]
+            # The namespace reaches this machine by its links' addresses, not at 127.0.0.x;
+            # the spare, which only the hosts here dial, has one more address here.
+            addresses = {near.name: namespace.ctl_root, cut.name: namespace.mesh_ns,
+                         far.name: namespace.mesh_root, spare.name: spare_address}
+
+            def cut_links(run_id: str) -> None:
+                namespace.set_links("down")
+
+            def restore() -> None:
+                namespace.set_links("up")
+            controller, run_id, runs = lose_and_recover(
+                tmp_path, lab, hosts, {3: "spare"}, 1, "--restarts", "2",
+                per_host={name: {"cluster_address": address}
+                          for name, address in addresses.items()},
+                losing=(cut_links, restore))
+            out = controller.output
+            assert controller.proc.returncode == 0, out
+            assert f"{spare.name} takes the tasks of {cut.name}" in out, out
+            assert_resumed(runs, run_id, workers=3)
+            record = json.loads((runs / run_id / "record.json").read_text())
+            on = {t["endpoint"].rsplit(":", 1)[0] for t in record["tasks"]}
+            assert spare_address in on and namespace.mesh_ns not in on, record["tasks"]
+            assert f"not reached: {cut.name}" in out, out
+            assert (Path(cut.workdir) / "runs" / run_id).is_dir()
+            assert_down_leaves_nothing(runs, run_id, hosts)
+            # Cleaning up after the lost host leaves the run finished: nothing to resume.
+            again = subprocess.run(
+                [sys.executable, "-m", "invoke", "resume", "--run", run_id, "--runs-dir",
+                 str(runs)], cwd=REPO, capture_output=True, text=True, timeout=60)
+            said = again.stdout + again.stderr
+            assert again.returncode == 2 and "nothing to resume" in said, said
+    finally:
+        namespace.close()
 
 
 def test_shrink_goes_on_with_the_hosts_that_remain(four_hosts, tmp_path):
