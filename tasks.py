@@ -94,6 +94,11 @@ MAX_FETCH_HELP = ("the most an archive from a host may unpack to: the chief's ou
 JSON_HELP = ("print what happens as JSON lines on stdout, one event per line, for scripts and "
              "CI (docs/events.md); nothing else goes to stdout, errors go to stderr")
 
+DETACH_HELP = ("return once every task has started, leaving the run on its hosts; print its "
+               f"id and the commands to follow ({command('logs')}), inspect "
+               f"({command('status')}), stop ({command('down')}); with --restarts, a "
+               "controller in the background on this machine relaunches it")
+
 VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log and the "
                 "payload's {\"event\": ...} lines too (by default the console hides them; "
                 "runs/<id>/worker-<i>.log always keeps every byte)")
@@ -235,10 +240,7 @@ def linted_inventory(console: Console, hosts: str, payload: str) -> Inventory:
     "no_check": f"skip the checks of `{command('check')}` (versions, disk, ports, TCP mesh) "
                 "before "
                 "starting",
-    "detach": "return once every task has started, leaving the run on its hosts; print its "
-              f"id and the commands to follow ({command('logs')}), inspect "
-              f"({command('status')}), stop ({command('down')}); with --restarts, a "
-              "controller in the background on this machine relaunches it",
+    "detach": DETACH_HELP,
     "restarts": "when a task fails or a host is lost, stop the cluster and relaunch every "
                 "task, resuming from the chief's BackupAndRestore state, up to N times "
                 "(default: 0); a lost host's tasks go to a `role: spare` host",
@@ -577,20 +579,23 @@ def down(c, run="", runs_dir="runs", connect_timeout="10", accept_new_host_keys=
     "min_workers": "with --shrink, the fewest workers to go on with (default: 1)",
     "no_check": "skip the checks before starting (versions, disk, ports, TCP mesh)",
     "allow_busy_gpus": "run on GPUs another run or user holds",
+    "detach": DETACH_HELP,
     "verbose": VERBOSE_HELP,
     "max_fetch": MAX_FETCH_HELP,
     "json": JSON_HELP,
 })
 def resume(c, run="", hosts="", runs_dir="runs", connect_timeout="10",
            accept_new_host_keys=False, start_timeout="120", lost_after="10", restarts="0",
-           shrink=False, min_workers="1", no_check=False, allow_busy_gpus=False, verbose=False,
-           max_fetch="", json=False):
+           shrink=False, min_workers="1", no_check=False, allow_busy_gpus=False, detach=False,
+           verbose=False, max_fetch="", json=False):
     """Start a run that ended without finishing again, from its last backup.
 
     A run that failed, lost a host, was interrupted or stopped with `inv down` goes on from the
     copy of the chief's backup its controller kept after each epoch: the same payload, entry and arguments, on the hosts of --hosts or of
     its record, its logs going on in the same run directory after an attempt marker. Refused
-    when the run finished, still runs, or kept no backup.
+    when the run finished, still runs, or kept no backup. With --detach it returns once the
+    run has started again, as `inv train --detach` does (with --restarts, handed to a
+    controller in the background).
 
     Exit status as `inv train`'s."""
     console, reporter = console_and_reporter(json)
@@ -601,7 +606,7 @@ def resume(c, run="", hosts="", runs_dir="runs", connect_timeout="10",
         chosen = inventory(console, hosts) if hosts else None
         settings = run_settings(runs_dir, connect_timeout, accept_new_host_keys, start_timeout,
                                 lost_after, no_check, restarts, verbose, max_fetch,
-                                allow_busy_gpus, shrink, min_workers)
+                                allow_busy_gpus, shrink, min_workers, detach=detach)
         code = resume_run(Path(runs_dir), run, chosen, settings, reporter)
     exit_with(code)
 

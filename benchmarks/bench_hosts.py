@@ -10,12 +10,15 @@ medians and each one's ratio to parallel ssh.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from bench_train import REPO, line
 
@@ -50,14 +53,29 @@ def parallel_ssh(config: Path, hosts, noop: Path) -> float:
 
 
 def inv(*args: str) -> float:
+    """`inv ARGS`'s seconds (run_inv)."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO,
-                          capture_output=True, text=True)
-    elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"inv {args[0]} failed ({done.returncode}):\n{done.stdout[-4000:]}\n"
-                         f"{done.stderr[-2000:]}")
-    return elapsed
+    run_inv(*args)
+    return time.monotonic() - started
+
+
+def run_inv(*args: str, env: dict[str, str] | None = None,
+            running: Callable[[int], None] | None = None) -> resource.struct_rusage:
+    """`inv ARGS` in the repository, with `env` (default: this environment) and its output
+    kept; `running(pid)` is called once it has started. Its resource usage; a benchmark that
+    cannot go on (SystemExit with the end of its output) when it failed."""
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if running is not None:
+        running(proc.pid)
+    output = proc.stdout.read()
+    # wait4, not wait: the usage is that of this one process tree.
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"inv {args[0]} failed ({proc.returncode}):\n"
+                         f"{output.decode(errors='replace')[-6000:]}")
+    return usage
 
 
 def measure(count: int, repeats: int, tmp: Path) -> None:

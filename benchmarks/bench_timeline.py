@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_hosts import NOOP, parallel_ssh, ssh_config
+from bench_hosts import NOOP, parallel_ssh, run_inv, ssh_config
 from bench_train import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -45,22 +45,15 @@ def train(inventory: Path, payload: Path, runs: Path, marks: Path) -> tuple[dict
     """One `inv train`: {phase: seconds from its start}, and its peak RSS (KiB), peak
     threads and CPU seconds."""
     marks.unlink(missing_ok=True)
-    env = dict(os.environ, TFDEPLOY_TIMELINE=str(marks))
-    started = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "train", "--hosts", str(inventory),
-                             "--payload", str(payload), "--entry", "noop.py",
-                             "--runs-dir", str(runs)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     threads = [0]
-    sampler = threading.Thread(target=_sample_threads, args=(proc.pid, threads), daemon=True)
-    sampler.start()
-    output = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+
+    def sample(pid: int) -> None:
+        threading.Thread(target=_sample_threads, args=(pid, threads), daemon=True).start()
+    started = time.time()
+    usage = run_inv("train", "--hosts", str(inventory), "--payload", str(payload), "--entry",
+                    "noop.py", "--runs-dir", str(runs),
+                    env=dict(os.environ, TFDEPLOY_TIMELINE=str(marks)), running=sample)
     ended = time.time()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"inv train failed ({proc.returncode}):\n"
-                         f"{output.decode(errors='replace')[-4000:]}")
     phases: dict[str, float] = {}
     for line in marks.read_text().splitlines():
         mark = json.loads(line)

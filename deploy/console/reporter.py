@@ -125,13 +125,9 @@ SHOWN: dict[type, Callable[[ConsoleReporter, ev.Event], None]] = {
 }
 
 
-class ControllerLogReporter:
-    """The background controller's (run/background.py): its events as lines in its log,
-    without the tasks' output (their own logs hold it), spinners or live view (no one
-    watches a file)."""
-
-    def __init__(self, console: Console):
-        self.console = ConsoleReporter(console)
+class QuietReporter:
+    """A reporter whose events alone tell what happens: no spinner and no live display (a
+    script reading JSON lines, or a log file, has no use for them). Subclasses emit."""
 
     def status(self, text: str):
         return _NoStatus()
@@ -148,31 +144,29 @@ class ControllerLogReporter:
         yield lambda: None
 
     def emit(self, event: ev.Event) -> None:
+        raise NotImplementedError
+
+
+class ControllerLogReporter(QuietReporter):
+    """The background controller's (run/background.py): its events as lines in its log,
+    without the tasks' output (their own logs hold it), spinners or live view (no one
+    watches a file)."""
+
+    def __init__(self, console: Console):
+        self.console = ConsoleReporter(console)
+
+    def emit(self, event: ev.Event) -> None:
         if not isinstance(event, (ev.TaskOutput, ev.TaskProgressed)):
             self.console.emit(event)
         self.console.console.file.flush()
 
 
-class JsonReporter:
+class JsonReporter(QuietReporter):
     """One JSON object per event on stdout, flushed as it is written: a script reads the run as
     it goes. Host text is carried as it came; JSON escapes every control character."""
 
     def __init__(self, out=None):
         self.out = out or sys.stdout
-
-    def status(self, text: str):
-        return _NoStatus()
-
-    @contextlib.contextmanager
-    def watching(self, tasks: list[TaskProgress], title: str, raw: bool) -> Iterator[None]:
-        yield
-
-    def refresh(self) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def setup_progress(self, progress: dict[str, HostProgress]) -> Iterator[Callable[[], None]]:
-        yield lambda: None
 
     def emit(self, event: ev.Event) -> None:
         self.out.write(json.dumps(event.as_json(), separators=(",", ":")) + "\n")

@@ -183,6 +183,7 @@ def supervise(runs_dir: Path, run_id: str, settings: RunSettings, lock: FollowLo
     run = Run(record.plan(where, envs), session, local_dir, reporter, raw=settings.verbose,
               limits=settings.fetch_limits)
     run.attempt = record.attempt
+    run.log_starts = record.log_starts()    # where hosts' logs began anew (a resumed run)
     run.filesystems = _filesystems(local_dir)
     run.interrupt_stops = False
     try:

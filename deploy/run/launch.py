@@ -72,7 +72,7 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     mark("plan")
     session, checked_ports = connect_and_check(prepared, settings, reporter)
     prepared, checked_ports = on_gpus(prepared, session, settings, reporter, checked_ports)
-    run = start_records(prepared, session, settings, reporter)
+    run = start_records(prepared, session, settings, reporter, resuming)
     with ending(run, settings) as end:
         push(run, prepared)
         mark("push")
@@ -154,7 +154,7 @@ def on_gpus(prepared: Prepared, session: Session, settings: RunSettings, reporte
 
 
 def start_records(prepared: Prepared, session: Session, settings: RunSettings,
-                  reporter: Reporter) -> Run:
+                  reporter: Reporter, resuming: Resuming | None = None) -> Run:
     """The run's local directory and record, written before anything reaches a host: a
     controller lost from here on leaves a record from which `inv down` finds the run."""
     plan = prepared.plan
@@ -163,8 +163,14 @@ def start_records(prepared: Prepared, session: Session, settings: RunSettings,
     reporter.emit(RecordsAt(str(local_dir)))
     run = Run(plan, session, local_dir, reporter, raw=settings.verbose,
               limits=settings.fetch_limits)
+    if resuming is not None:
+        # Its hosts' logs start empty while the local ones go on: whoever follows the run
+        # later (the background controller, `inv logs --follow`) reads them from the record.
+        run.attempt = resuming.attempt
+        run.log_starts = {t.index: run.local_size(t) for t in run.tasks}
     write_record(local_dir, RunRecord.of(plan, RunState.STARTING, run.started,
-                                         restarts=settings.restarts))
+                                         run.log_starts, restarts=settings.restarts,
+                                         attempt=run.attempt))
     return run
 
 
@@ -228,12 +234,9 @@ def push(run: Run, prepared: Prepared) -> None:
 
 def carry_kept_backup(run: Run, resuming: Resuming) -> None:
     """A resumed run: its tasks' progress so far read from the local logs (which go on, each
-    after an attempt marker), and the kept backup written to every host before anything
-    starts there."""
-    run.attempt = resuming.attempt
+    after an attempt marker; the hosts' logs of this attempt start empty: run.log_starts),
+    and the kept backup written to every host before anything starts there."""
     load_local_logs(run, None)
-    for task in run.tasks:
-        task.offset = task.size = 0     # the hosts' logs of this attempt start empty
     with run.reporter.status("carrying the chief's backup to every host…"):
         run.session.carry_backup(run.plan, run.filesystems, run.limits, resuming.backup, None,
                                  lambda line: run.reporter.emit(ArchiveNote(line)))
@@ -249,7 +252,8 @@ def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
         run.plan = run.plan.with_ports(ports)
     write_json(run.dir / localdir.PLAN, plan_document(run.plan))
     write_record(run.dir, RunRecord.of(run.plan, RunState.STARTING, run.started,
-                                       restarts=settings.restarts, attempt=run.attempt))
+                                       run.log_starts, restarts=settings.restarts,
+                                       attempt=run.attempt))
     with reporter.status(f"starting {len(run.plan.tasks)} task(s)…"):
         run.session.launch(run.plan, attempt=run.attempt)
     reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,

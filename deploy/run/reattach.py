@@ -88,8 +88,10 @@ def _open(runs_dir: Path, run_id: str | None, settings: RunSettings, reporter: R
     index = task_index(plan, only_task)
     inventory = Inventory(path=where, hosts=record.hosts)
     session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
-    return record, Run(plan, session, local_dir, reporter, only_task=index,
-                       writes_logs=writes_logs, limits=settings.fetch_limits)
+    run = Run(plan, session, local_dir, reporter, only_task=index, writes_logs=writes_logs,
+              limits=settings.fetch_limits)
+    run.log_starts = record.log_starts()
+    return record, run
 
 
 def status(runs_dir: Path, run_id: str | None, settings: RunSettings,
@@ -171,8 +173,7 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
                 # Only the end is shown: the hosts' new bytes are added to the local copy
                 # without reading what it holds, then its last lines are shown.
                 for t in run.tasks:
-                    log = localdir.task_log(local_dir, t.name)
-                    t.offset = t.size = log.stat().st_size if log.exists() else 0
+                    t.offset = t.size = max(0, run.local_size(t) - run.log_starts.get(t.index, 0))
                 run.catch_up(print_lines=False)
                 run.close()
                 _show_tail(run, tail)

@@ -169,8 +169,9 @@ def relaunch(run, restarts: int, carry_backup: bool,
             lambda line: reporter.emit(ArchiveNote(line))) if carry_backup else (0, [])
         ports = session.free_ports(run.reachable)
     run.plan = run.plan.with_ports(ports)
-    write_record(run.dir, dataclasses.replace(load_record(run.dir).replanned(run.plan),
-                                              attempt=run.attempt, restarts=restarts))
+    write_record(run.dir, dataclasses.replace(
+        load_record(run.dir).replanned(run.plan, run.log_starts), attempt=run.attempt,
+        restarts=restarts))
     for t in run.tasks:
         t.new_attempt()
     run.failure = None

@@ -69,6 +69,9 @@ class Run:
         self.problems: list[str] = []       # what teardown could not do, by host
         self.attempts: list[dict] = []      # the failed attempts of --restarts
         self.attempt = 1
+        # Task index -> bytes of its local log from before its log on its host began (a
+        # resumed run, a task moved to a spare): the record's log_start.
+        self.log_starts: dict[int, int] = {}
         # Host name -> the filesystem id its payload push answered (deploy/host/share.py):
         # hosts with one id share the run directory, and --restarts carries the backup once.
         self.filesystems: dict[str, str | None] = {}
@@ -94,11 +97,19 @@ class Run:
             task = by_index[planned.index]
             if task.host != planned.host.name:
                 task.moved(planned.host.name, planned.gpus)
+                self.log_starts[task.index] = self.local_size(task)
         kept = {t.index for t in plan.tasks}
         for index in [i for i in self.logs if i not in kept]:
             self.logs.pop(index).close()
         self.tasks = [t for t in self.tasks if t.index in kept]
         self.plan = plan
+
+    def local_size(self, task: TaskProgress) -> int:
+        """The bytes of the task's local log so far."""
+        try:
+            return localdir.task_log(self.dir, task.name).stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def set_state(self, state: RunState, **fields) -> None:
         update_record(self.dir, state=state, **fields)
@@ -153,8 +164,9 @@ class Run:
 
 def load_local_logs(run: Run, shown: Callable[[TaskProgress, NewLines], None] | None) -> None:
     """Start from the local copies of the logs: their metrics count, and reading the hosts'
-    logs goes on from where they end, so no byte is printed or stored twice. Read in pieces:
-    a long run's log never sits in memory whole."""
+    logs goes on from where they end (less the bytes from before a host's log began:
+    run.log_starts), so no byte is printed or stored twice. Read in pieces: a long run's log
+    never sits in memory whole."""
     for task in run.tasks:
         path = localdir.task_log(run.dir, task.name)
         if not path.exists():
@@ -164,4 +176,5 @@ def load_local_logs(run: Run, shown: Callable[[TaskProgress, NewLines], None] | 
                 new = task.replay(piece)
                 if shown:
                     shown(task, new)
+        task.offset = task.size = max(0, task.offset - run.log_starts.get(task.index, 0))
 

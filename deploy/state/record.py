@@ -87,6 +87,11 @@ class RecordedTask:
     port: int | None
     endpoint: str
     role: str = "worker"             # a record written before roles existed: a worker
+    # Bytes of its local log written before its log on its host began: the host's log starts
+    # empty for a resumed run (`inv resume`) and on a spare a lost host's task moved to, while
+    # the local log goes on. A later controller reads the host's log from the local size less
+    # these.
+    log_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,14 +113,21 @@ class RunRecord:
     background: bool = False
 
     @classmethod
-    def of(cls, plan: RunPlan, state: RunState, started: float, **fields) -> "RunRecord":
+    def of(cls, plan: RunPlan, state: RunState, started: float,
+           log_starts: Mapping[int, int] | None = None, **fields) -> "RunRecord":
+        """`log_starts`: task index -> its RecordedTask.log_start (absent: 0)."""
         return cls(run_id=plan.run_id, started=started, state=state, options=plan.options,
                    controller_pid=fields.pop("controller_pid", os.getpid()),
-                   **_planned(plan), **fields)
+                   **_planned(plan, log_starts or {}), **fields)
 
-    def replanned(self, plan: RunPlan) -> "RunRecord":
+    def replanned(self, plan: RunPlan, log_starts: Mapping[int, int]) -> "RunRecord":
         """The same run with the hosts, ports and options of a new plan (a relaunch)."""
-        return dataclasses.replace(self, options=plan.options, **_planned(plan))
+        return dataclasses.replace(self, options=plan.options, **_planned(plan, log_starts))
+
+    def log_starts(self) -> dict[int, int]:
+        """Task index -> its log_start, for the tasks whose host's log began after bytes of
+        the local log."""
+        return {t.index: t.log_start for t in self.tasks if t.log_start}
 
     def plan(self, where: str = "record",
              envs: Mapping[str, Mapping[str, EnvValue]] | None = None) -> RunPlan:
@@ -202,7 +214,7 @@ class RunRecord:
                 options=_options(doc["options"]),
                 hosts=tuple(_host({k: h[k] for k in HOST_FIELDS if k in h}) for h in hosts),
                 run_dirs=tuple(str(h.get("run_dir", "")) for h in hosts),
-                tasks=tuple(RecordedTask(**t) for t in doc["tasks"]),
+                tasks=tuple(_task(t, fail) for t in doc["tasks"]),
                 controller_pid=doc.get("controller_pid"),
                 attempt=int(doc.get("attempt") or 1), restarts=int(doc.get("restarts") or 0),
                 exit_code=doc.get("exit_code"), ended=doc.get("ended"),
@@ -337,12 +349,22 @@ class FollowLock:
             self.file = None
 
 
-def _planned(plan: RunPlan) -> dict:
+def _planned(plan: RunPlan, log_starts: Mapping[int, int]) -> dict:
     return {"hosts": tuple(hp.host for hp in plan.hosts),
             "run_dirs": tuple(hp.run_dir for hp in plan.hosts),
             "tasks": tuple(RecordedTask(t.index, t.name, t.host.name, t.port, t.endpoint,
-                                        t.role)
+                                        t.role, log_start=log_starts.get(t.index, 0))
                            for t in plan.tasks)}
+
+
+def _task(fields: dict, fail) -> RecordedTask:
+    """A recorded task, its log_start checked: one edited out of shape is refused here, not
+    met by a TypeError while the logs are read."""
+    task = RecordedTask(**fields)
+    start = task.log_start
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise fail(f"task {task.name!r}: 'log_start' must be a whole number of bytes")
+    return task
 
 
 def _number(value, field: str, fail) -> float:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -72,10 +74,10 @@ def inv(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           env={**os.environ, "COLUMNS": "200", "DETACHED_SECRET": SECRET})
 
 
-def payload(tmp_path: Path) -> Path:
+def payload(tmp_path: Path, entry: str = "run.py", source: str = FAILS_ONCE) -> Path:
     folder = tmp_path / "payload"
     folder.mkdir()
-    (folder / "run.py").write_text(FAILS_ONCE)
+    (folder / entry).write_text(source)
     return folder
 
 
@@ -99,12 +101,13 @@ class Detached:
         self.run_id: str | None = None
         self.pid: int | None = None
 
-    def start(self, args: str, *flags: str) -> None:
-        """`inv train --detach` with `args` for run.py and `flags`; the run's id and its
-        background controller's pid from the record."""
+    def start(self, args: str, *flags: str, entry: str = "run.py",
+              source: str = FAILS_ONCE) -> None:
+        """`inv train --detach` with `args` for the payload (`entry`, of `source`) and
+        `flags`; the run's id and its background controller's pid from the record."""
         self.done = inv("train", "--hosts", str(self.inventory), "--runs-dir", str(self.runs),
-                        "--payload", str(payload(self.tmp_path)), "--entry", "run.py",
-                        "--args", args, "--grace", "1", "--detach", *flags)
+                        "--payload", str(payload(self.tmp_path, entry, source)), "--entry",
+                        entry, "--args", args, "--grace", "1", "--detach", *flags)
         self.find_run()
         self.pid = record(self.runs, self.run_id).get("controller_pid") if self.run_id \
             else None
@@ -267,4 +270,156 @@ def test_a_frozen_host_goes_to_the_spare_under_the_background_controller(three_h
         run.assert_nothing_left()
     finally:
         thaw()
+        run.clean_up()
+
+
+# `epochs.py EPOCHS MARKER [fail]`: a payload that keeps its backup as BackupAndRestore does
+# (the chief writes its last finished epoch into TFDEPLOY_BACKUP_DIR/chief before it tells of
+# that epoch) and goes on from the backup its host holds. Attempt 1 holds after epoch 2 (the
+# test brings the run down); in attempt 2, after epoch 3, task 1 waits for the marker file (the
+# test makes it once a follower is there) and, given `fail`, then fails while the chief waits
+# in silence; without `fail` every task waits for the marker, then trains to the end, as every
+# later attempt does.
+RESUMABLE = """\
+import json, os, sys, time
+index, attempt = int(os.environ["TFDEPLOY_TASK_INDEX"]), int(os.environ["TFDEPLOY_ATTEMPT"])
+epochs, marker, fail = int(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["fail"]
+state = os.path.join(os.environ["TFDEPLOY_BACKUP_DIR"], "chief", "epoch")
+done = int(open(state).read()) if os.path.exists(state) else 0
+print(f"task {index} attempt {attempt}", flush=True)
+if done:
+    print(json.dumps({"event": "resumed", "task": index, "epoch": done}), flush=True)
+
+
+def hold():
+    print("holding", flush=True)
+    time.sleep(600)
+
+
+for epoch in range(done + 1, epochs + 1):
+    time.sleep(0.1)
+    if index == 0:
+        os.makedirs(os.path.dirname(state), exist_ok=True)
+        with open(state + ".new", "w") as f:
+            f.write(str(epoch))
+        os.replace(state + ".new", state)
+    print(json.dumps({"event": "epoch", "task": index, "epoch": epoch}), flush=True)
+    if attempt == 1 and epoch == 2:
+        hold()
+    if attempt == 2 and epoch == 3 and fail and index == 0:
+        time.sleep(600)         # silent: the restart stops it at any moment
+    if attempt == 2 and epoch == 3:
+        while not os.path.exists(marker):
+            time.sleep(0.1)
+        if fail:
+            print("failing on purpose", flush=True)
+            sys.exit(3)
+"""
+EPOCHS = 5
+
+
+def kept_epoch(kept: Path) -> int | None:
+    """The epoch of the chief's backup the controller kept, None while it has none."""
+    try:
+        with tarfile.open(kept) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("chief/epoch"))
+            return int(tar.extractfile(member).read())
+    except (OSError, tarfile.TarError, StopIteration, ValueError, AttributeError):
+        return None
+
+
+def expected_log(index: int, fail: bool) -> list[str]:
+    """Task `index`'s local log, every attempt of it, when nothing is lost or read twice."""
+    def epochs(first: int, last: int) -> list[str]:
+        return [json.dumps({"event": "epoch", "task": index, "epoch": e})
+                for e in range(first, last + 1)]
+
+    def attempt(number: int, resumed: int) -> list[str]:
+        return [f"==== tfdeploy: attempt {number} of task {index} starts at … ====",
+                f"task {index} attempt {number}",
+                json.dumps({"event": "resumed", "task": index, "epoch": resumed})]
+    lines = [f"task {index} attempt 1", *epochs(1, 2), "holding", *attempt(2, 2)]
+    if not fail:
+        return lines + epochs(3, EPOCHS)
+    return (lines + epochs(3, 3) + (["failing on purpose"] if index == 1 else [])
+            + attempt(3, 3) + epochs(4, EPOCHS))
+
+
+@pytest.mark.parametrize("restarts", ["0", "1"], ids=["left-on-its-hosts", "background"])
+def test_resume_detach_goes_on_from_the_kept_backup(two_hosts, tmp_path, restarts):
+    """`inv resume --detach` of a run brought down at epoch 2: without --restarts the run is
+    left on its hosts and `inv logs --follow` takes it up; with --restarts 1 a background
+    controller follows it and relaunches it once. Either way each task goes on from the kept
+    backup, and every byte of each attempt's log is in the local one once."""
+    lab, hosts = two_hosts
+    marker, fail = tmp_path / "go on", restarts != "0"
+    run = Detached(tmp_path, lab, hosts)
+    try:
+        run.start(f"{EPOCHS} '{marker}'" + (" fail" if fail else ""), "--restarts", "1",
+                  entry="epochs.py", source=RESUMABLE)
+        assert run.done.returncode == 0, run.output
+        kept = run.runs / run.run_id / "backup" / "chief.tar.gz"
+        wait_for(lambda: kept_epoch(kept) == 2, 60, "no backup of epoch 2 was kept")
+        for index in (0, 1):
+            local = run.runs / run.run_id / f"worker-{index}.log"
+            wait_for(lambda: local.exists() and "holding" in local.read_text(), 60,
+                     f"worker-{index} never held at epoch 2")
+        down = inv("down", "--run", run.run_id, "--runs-dir", str(run.runs))
+        assert down.returncode == 0, down.stdout + down.stderr
+        run.assert_nothing_left()
+
+        resumed = inv("resume", "--run", run.run_id, "--runs-dir", str(run.runs), "--detach",
+                      "--restarts", restarts)
+        out = resumed.stdout + resumed.stderr
+        assert resumed.returncode == 0, out
+        rec = record(run.runs, run.run_id)
+        assert rec["attempt"] == 2, rec
+        listed = inv("runs", "--runs-dir", str(run.runs)).stdout
+        if fail:
+            run.pid = rec["controller_pid"]
+            assert rec["state"] == "running" and rec["background"] is True, rec
+            assert f"goes on under a background controller on this machine (pid {run.pid})" \
+                in out, out
+            assert run.controller_alive(), out
+            assert f"running (background controller, pid {run.pid}), attempt 2" in listed, \
+                listed
+        else:
+            assert rec["state"] == "detached", rec
+            assert f"run {run.run_id} is running detached on 2 host(s)" in out, out
+            assert "detached, attempt 2" in listed, listed
+
+        # The follower is there before the run can go on: it sees the rest of it live.
+        said = tmp_path / "follow.out"
+        with said.open("w") as out:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "invoke", "logs", "--run", run.run_id, "--runs-dir",
+                 str(run.runs), "--follow"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "COLUMNS": "200"})
+        try:
+            wait_for(lambda: "epoch 3" in said.read_text(), 60,
+                     f"the follower showed no epoch 3:\n{said.read_text()}")
+            marker.touch()
+            follower.wait(timeout=240)
+        finally:
+            end(follower)
+        shown = said.read_text()
+        assert follower.returncode == 0, shown
+        assert "has ended" not in shown, shown      # it followed the run, not its records
+        if fail:
+            assert "restart 1 of 1: worker-1 failed (exit code 3)" in shown, shown
+            assert "attempt 3 started" in shown, shown
+        rec = record(run.runs, run.run_id)
+        attempts = 3 if fail else 2
+        assert (rec["state"], rec["exit_code"], rec["attempt"]) == ("finished", 0, attempts), rec
+        summary = json.loads((run.runs / run.run_id / "summary.json").read_text())
+        assert summary["exit_code"] == 0 and summary["attempts"] == attempts, summary
+        for index in (0, 1):
+            log = (run.runs / run.run_id / f"worker-{index}.log").read_text()
+            lines = [re.sub(r"starts at .* ====$", "starts at … ====", line)
+                     for line in log.splitlines()]
+            assert lines == expected_log(index, fail), log
+        run.assert_nothing_left()
+        listed = inv("runs", "--runs-dir", str(run.runs)).stdout
+        assert f"finished (exit 0), attempt {attempts}" in listed, listed
+    finally:
         run.clean_up()
