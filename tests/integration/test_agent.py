@@ -552,7 +552,7 @@ def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(host, tm
     source = tmp_path / "chief" / "runs" / rundir.name
     (source / "backup" / "chief").mkdir(parents=True)
     (source / "backup" / "chief" / "checkpoint").write_text("epoch 2")
-    archive = hostpkg.fetched(host.agent, fetch_backup_request(str(source), Limits()), tmp_path)
+    archive = hostpkg.fetched(host.agent, fetch_backup_request(str(source), Limits(), {}), tmp_path)
     (rundir / "backup" / "workertemp_1").mkdir(parents=True)
     (rundir / "backup" / "stale").write_text("old")
     answer = host.agent.ask(replace_backup_request(str(rundir), Limits()), "replace",
@@ -562,7 +562,7 @@ def test_the_backup_is_replaced_from_an_archive_inside_the_run_dir_only(host, tm
         "backup/chief", "backup/chief/checkpoint"]
     assert (rundir / "run.json").exists()
     # A chief with no backup yet gives nothing; the host's backup is then emptied.
-    assert hostpkg.fetched(host.agent, fetch_backup_request(str(tmp_path / "none"), Limits()),
+    assert hostpkg.fetched(host.agent, fetch_backup_request(str(tmp_path / "none"), Limits(), {}),
                            tmp_path) == b""
     # Only a run's own directory has its backup replaced (the chief's here has no run.json).
     with pytest.raises(StepFailed, match="not a tfdeploy run directory"):

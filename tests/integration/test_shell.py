@@ -220,7 +220,7 @@ def test_requests_work_in_a_hostile_run_dir(tmp_path):
     (other / "run.json").write_text(json.dumps({"run_id": other.name}))
     host = hostpkg.local_host()
     with hostpkg.LocalAgent(host) as local:
-        archive = hostpkg.fetched(local.agent, fetch_backup_request(str(chief), Limits()),
+        archive = hostpkg.fetched(local.agent, fetch_backup_request(str(chief), Limits(), {}),
                                   tmp_path)
         local.agent.ask(replace_backup_request(str(other), Limits()), "replace",
                         archive).wait(30)
