@@ -17,6 +17,7 @@ bare `python -I -S -c pass`.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import resource
@@ -135,16 +136,27 @@ def cpu_ms(argv: list[str], stdin: bytes | None, repeats: int) -> float:
 def start_costs(repeats: int) -> None:
     sys.path.insert(0, str(REPO))
     from deploy.cluster.hostagent import boot_stdin
+    from deploy.host import boot
+    from deploy.host.layout import agent_code_dir
     from deploy.plan.planner import AGENT_BOOT
-    print(f"CPU time, medians of {repeats}")
-    for what, argv, stdin in (
-            ("python -I -S -c pass", [sys.executable, "-I", "-S", "-c", "pass"], None),
-            ("controller's imports (import tasks)", [sys.executable, "-c", "import tasks"],
-             None),
-            ("agent to its first beat", [sys.executable, "-I", "-S", "-c", AGENT_BOOT],
-             boot_stdin())):
-        print(f"  {what:<40} {cpu_ms(argv, stdin, repeats):6.0f} ms"
-              + (f"  ({len(stdin)} bytes sent)" if stdin else ""), flush=True)
+    agent = [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
+    with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
+        fresh, kept = f"{tmp}/fresh", f"{tmp}/kept"
+        stdin = boot_stdin(kept)
+        # The kept code as a run's push leaves it (boot.py SourcesInMemory.keep).
+        Path(kept, "cache").mkdir(parents=True)
+        skip = len(stdin[:stdin.index(b"\n") + 1]) + int(stdin[:stdin.index(b"\n")])
+        boot.importer_of(io.BytesIO(stdin[skip:])).keep()
+        assert list(Path(agent_code_dir(kept)).iterdir())
+        print(f"CPU time, medians of {repeats}")
+        for what, argv, stdin in (
+                ("python -I -S -c pass", [sys.executable, "-I", "-S", "-c", "pass"], None),
+                ("controller's imports (import tasks)", [sys.executable, "-c", "import tasks"],
+                 None),
+                ("agent to its first beat, compiling", agent, boot_stdin(fresh)),
+                ("agent to its first beat, kept code", agent, boot_stdin(kept))):
+            print(f"  {what:<40} {cpu_ms(argv, stdin, repeats):6.0f} ms"
+                  + (f"  ({len(stdin)} bytes sent)" if stdin else ""), flush=True)
 
 
 def main() -> None:

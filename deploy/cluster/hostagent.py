@@ -20,6 +20,7 @@ from typing import BinaryIO, Callable, Iterable, Union
 import deploy.host.boot
 from deploy.errors import Failure
 from deploy.host.frames import HEADER_ONLY, PIECE, Bounds, FrameError, read_frame
+from deploy.host.layout import agent_code_dir
 from deploy.host.protocol import (
     LOG_CHUNK, Answer, Beat, FollowRequest, PollRequest, ProtocolError, error_of
 )
@@ -63,13 +64,19 @@ def answer_bounds(request: Request, into=None) -> Bounds:
 
 
 @functools.lru_cache(maxsize=1)
-def boot_stdin() -> bytes:
-    """What the agent's python reads first (planner.agent_command): boot.py, which loads the
-    host package from memory, then the package, each headed by its length. Made once per
-    controller, however many hosts."""
+def _boot_and_package() -> bytes:
     boot = inspect.getsource(deploy.host.boot).encode()
     package = host_sources()
     return b"%d\n" % len(boot) + boot + b"%d\n" % len(package) + package
+
+
+def boot_stdin(workdir: str) -> bytes:
+    """What the agent's python reads first (planner.agent_command): boot.py, which loads the
+    host package from memory, then the package, then where the host keeps its compiled code
+    (in the cache of `workdir`), each headed by its length. The first two are made once per
+    controller, however many hosts."""
+    folder = agent_code_dir(workdir).encode("utf-8")
+    return _boot_and_package() + b"%d\n" % len(folder) + folder
 
 
 class Reply:
@@ -130,7 +137,7 @@ class HostAgent:
         self.heard = time.monotonic()
         self.up = threading.Event()           # it said something, or its channel ended
         try:
-            self.stream.send(boot_stdin())
+            self.stream.send(boot_stdin(self.host.workdir))
         except TransportError:
             pass        # it ended before it read (no python there): its reader says why
         threading.Thread(target=self._read, args=(self.stream, self.replies), daemon=True,

@@ -95,8 +95,11 @@ class Agent:
     """What lives between requests: the channel, the mesh probe being driven, and the
     credits of each running follow (by the follow's request id)."""
 
-    def __init__(self, channel):
+    def __init__(self, channel, keep_code=None):
         self.channel, self.follows = channel, {}
+        # Writes the package's compiled code into the host's cache (boot.py); once, at the
+        # first push: the checks have allowed writing there by then.
+        self.keep_code = keep_code
         self.mesh_lines, self.mesh_asking = queue.Queue(), None
         self.gpu_tasks = False           # a task it started has GPUs: its beats sample them
 
@@ -170,6 +173,9 @@ def payload_push(call):
     member = (request.host, request.tasks or "") if request.host else None
     answer = pushing("payload", call, request.cache_dir, lambda: cache.want(
         request.rundir, request.cache_dir, member, riders))
+    keep_code, call.agent.keep_code = call.agent.keep_code, None
+    if keep_code is not None:
+        keep_code()
     return dict(answer, **cache.room(request.cache_dir))
 
 
@@ -366,11 +372,11 @@ def respond(frame, channel, work):
     return "error" not in doc
 
 
-def serve(stdin, stdout):
+def serve(stdin, stdout, keep_code=None):
     # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
     os.umask(0o077)
     channel = Channel(stdout)
-    agent = Agent(channel)
+    agent = Agent(channel, keep_code)
     threading.Thread(target=beat, args=(channel, agent), daemon=True).start()
     while True:
         try:

@@ -15,6 +15,9 @@
                                     parameter-server cluster
         build.pid                   the running step of `inv setup` (pip)
     <workdir>/cache/files/<sha256>  content cache of payload and data files (kept)
+    <workdir>/cache/agent/<python>-<hash>.code
+                                    the host package's compiled code for one Python (boot.py;
+                                    kept, one per Python)
     <workdir>/data/<tree sha256>    a pushed data directory (kept)
     <workdir>/envs/<name>/          an environment built by `inv setup` (kept); its name, of the
                                     requirements and the host's Python build, machine and libc,
@@ -81,6 +84,10 @@ def run_dir(workdir, run_id):
 
 def cache_dir(workdir):
     return "%s/%s" % (workdir, CACHE)
+
+
+def agent_code_dir(workdir):
+    return "%s/%s/agent" % (workdir, CACHE)
 
 
 def data_dir(workdir, tree):

@@ -34,8 +34,8 @@ AGENT_BOOT = "import sys;i=sys.stdin.buffer;exec(i.read(int(i.readline())))"
 def agent_command(host: Host) -> Command:
     """The host's agent for the whole run: started once, asked every step as a Request."""
     return Command((HostPath(host.python), "-I", "-S", "-c", AGENT_BOOT),
-                   stdin="deploy/host/boot.py and the host package, each headed by its length; "
-                         "then requests")
+                   stdin="deploy/host/boot.py, the host package and the folder of its compiled "
+                         "code, each headed by its length; then requests")
 
 # Where a plan shows an environment's host key, which only the host computes.
 HOST_KEY_SHOWN = "<host key>"

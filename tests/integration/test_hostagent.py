@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import marshal
 import re
 import os
+import stat
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from deploy.host import layout
 from deploy.host.archive import Limits, unpack
 from deploy.inventory.model import Inventory
 from deploy.host.protocol import PortsRequest
+from deploy.host import boot
 from deploy.host.boot import SourcesInMemory, unpacked
 from deploy.host.frames import read_frame
 from deploy.plan.planner import AGENT_BOOT, Options, follow_request, plan_run
@@ -70,7 +73,7 @@ def test_the_boot_loads_the_package_from_memory_alone(tmp_path):
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     try:
-        agent.stdin.write(boot_stdin() + request + b"\n")
+        agent.stdin.write(boot_stdin(str(tmp_path / "work")) + request + b"\n")
         agent.stdin.flush()
         while (answer := read_frame(agent.stdout)) is not None and answer.get("id") != 1:
             pass                                            # its beats
@@ -84,6 +87,62 @@ def test_the_boot_loads_the_package_from_memory_alone(tmp_path):
     assert answer is not None and len(answer["ports"]) == 2, err
     assert list(tmp_path.iterdir()) == []                 # nothing written
     assert agent.returncode == 0 and err == b""
+
+
+def boot_input(package: bytes, folder: Path) -> io.BytesIO:
+    """What boot.py reads after itself: the package, then the folder of its compiled code."""
+    where = str(folder).encode()
+    return io.BytesIO(b"%d\n" % len(package) + package + b"%d\n" % len(where) + where)
+
+
+def test_the_code_an_agent_keeps_is_what_the_next_agent_runs(tmp_path):
+    package, folder = host_sources(), tmp_path / "work" / "cache" / "agent"
+    folder.parent.mkdir(parents=True)
+    first = boot.importer_of(boot_input(package, folder))
+    assert first.compiled == {}                                   # nothing kept yet
+    first.keep()
+    [kept] = folder.iterdir()
+    assert kept.name == boot.code_name(package) and kept.name.endswith(".code")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    second = boot.importer_of(boot_input(package, folder))
+    assert set(second.compiled) == set(second.sources)
+    # The next agent runs the kept code, not its sources: a module whose source would fail
+    # loads, and a second keep() leaves the file as it was.
+    second.sources = {**second.sources, "deploy/host/frames.py": "raise AssertionError\n"}
+    module = type(sys)("deploy.host.frames")
+    module.__spec__ = second.find_spec("deploy.host.frames")
+    second.exec_module(module)
+    assert callable(module.read_frame)
+    before = kept.stat().st_mtime_ns
+    second.keep()
+    assert kept.stat().st_mtime_ns == before
+    # Another package's code for this Python replaces it; another Python's stays.
+    (folder / "otherpython-0123.code").write_bytes(b"x")
+    other = boot.importer_of(boot_input(package + b" ", folder))
+    other.keep()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [boot.code_name(package + b" "), "otherpython-0123.code"])
+
+
+@pytest.mark.parametrize("spoil", ["group-writable", "not marshal", "not code", "link"])
+def test_kept_code_that_is_not_as_keep_wrote_it_is_not_run(tmp_path, spoil):
+    package, folder = host_sources(), tmp_path / "cache" / "agent"
+    folder.parent.mkdir()
+    boot.importer_of(boot_input(package, folder)).keep()
+    kept = folder / boot.code_name(package)
+    good = kept.read_bytes()
+    kept.unlink()
+    if spoil == "group-writable":
+        kept.write_bytes(good)
+        kept.chmod(0o620)
+    elif spoil == "not marshal":
+        kept.write_bytes(good[:len(good) // 2])
+    elif spoil == "not code":
+        kept.write_bytes(marshal.dumps({"deploy/host/frames.py": "print('not code')"}))
+    else:
+        (tmp_path / "elsewhere.code").write_bytes(good)
+        kept.symlink_to(tmp_path / "elsewhere.code")
+    assert boot.importer_of(boot_input(package, folder)).compiled == {}
 
 
 def test_an_unknown_verb_is_an_error_naming_it_and_the_agent_serves_on():

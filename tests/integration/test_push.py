@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,12 @@ def test_a_one_file_change_sends_exactly_one_file(ssh_lab, tmp_path):
         assert sorted(answer["received"]) == sorted(contents) and answer["missing"] == []
         assert answer["files"] == len(names)
     assert f"payload: {len(names)} of {len(names)} file(s) changed" in first.stdout
+    # Each host's agent kept its compiled code at the push (deploy/host/boot.py), private.
+    kept = {}
+    for host in hosts:
+        [code] = (workdirs[host.name] / "cache" / "agent").iterdir()
+        assert code.name.endswith(".code") and stat.S_IMODE(code.stat().st_mode) == 0o600
+        kept[code] = code.stat().st_mtime_ns
 
     (payload / "notes.txt").write_text("version 2\n")
     second, pushed = train(inventory, payload, runs)
@@ -75,6 +82,8 @@ def test_a_one_file_change_sends_exactly_one_file(ssh_lab, tmp_path):
         cached = sorted(p.name for p in (work / "cache" / "files").iterdir())
         assert len(cached) == len(names) + 1 and changed in cached
         assert list((work / "cache" / "tmp").iterdir()) == []
+    # The second run's agents ran that code: none compiled and wrote it again.
+    assert {code: code.stat().st_mtime_ns for code in kept} == kept
     assert f"payload: 1 of {len(names)} file(s) changed (10 B) → 2 of 2 host(s)" in second.stdout
     for done in (first, second):
         summary_epochs = [line for line in done.stdout.splitlines() if '"event": "epoch"' in line]
