@@ -15,7 +15,7 @@ from numbered import check_logs, write_payload
 from test_runs import detach, kill_by_records, record
 from test_train import REPO, assert_nothing_left
 
-from procs import end
+from procs import default_signals, end
 
 SECONDS, RATE = 24, 2000            # lines per second per task: the stream never pauses
 # How each follow before the last one ends: SIGINT is Ctrl-C, SIGHUP a closed terminal,
@@ -28,7 +28,7 @@ def follower(runs, run_id: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir", str(runs),
          "--follow"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=default_signals)
 
 
 def test_interrupted_follows_lose_and_repeat_no_line(ssh_lab, tmp_path):

@@ -15,7 +15,8 @@ import pytest
 import test_train
 from test_train import REPO, assert_nothing_left, crash_payload, interrupt, wait_for_first_epoch
 
-from procs import end, processes_of_run, wait_for_processes, wait_until_gone
+from procs import (default_signals, end, processes_of_run, wait_for_processes,
+                   wait_until_gone)
 
 
 @pytest.fixture
@@ -149,7 +150,8 @@ def test_a_controller_killed_outright_is_replaced_by_logs_follow(lab, tmp_path):
         # Ctrl-C to a follower stops the following, never the run.
         watcher = subprocess.Popen(
             [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir", str(runs),
-             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             "--follow"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=default_signals)
         try:
             time.sleep(5)
         finally:

@@ -21,7 +21,7 @@ import yaml
 
 from deploy.host import venv as hostenv
 from hostpkg import fake_env
-from procs import end, processes_of_run, wait_until_gone
+from procs import default_signals, end, processes_of_run, wait_until_gone
 from sshlab import SshLab
 
 
@@ -184,7 +184,7 @@ def test_ctrl_c_during_setup_stops_pip_on_every_host_and_removes_the_setup_dirs(
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "setup", "--hosts", str(inventory),
                              "--payload", str(payload)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "COLUMNS": "400"})
+                            env={**os.environ, "COLUMNS": "400"}, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 180
         while len(accepted) < len(workdirs):          # each host's pip is waiting on it

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import end, processes_of_run, wait_until_gone
+from procs import default_signals, end, processes_of_run, wait_until_gone
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,8 @@ def test_ctrl_c_tears_down_and_exits_130(lab_inventory, tmp_path):
     controller = subprocess.Popen(
         [sys.executable, "-m", "invoke", "train", "--hosts", str(inventory), "--runs-dir",
          str(runs), "--args", "--epochs 500 --steps-per-epoch 5", "--grace", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_signals)
     try:
         run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
         assert processes_of_run(run_id), "the run's tasks should be running"
