@@ -5,12 +5,19 @@
 """
 from __future__ import annotations
 
+import gc
 import sys
 
 # On an older Python the imports below would fail on a name or a syntax it lacks; say why.
 if sys.version_info < (3, 10):
     sys.exit(f"tfdeploy needs Python 3.10 or newer; {sys.executable} is Python "
              f"{sys.version.split()[0]}")
+
+# What the imports make lives as long as the program: the cyclic garbage collector stays off
+# while they run, and they are then frozen out of its reach. Its passes over those few hundred
+# thousand objects, during the imports and at exit, were a fifth of a short command's time
+# (docs/benchmarks.md, "The collector").
+gc.disable()
 
 from contextlib import contextmanager
 from importlib import metadata
@@ -60,6 +67,8 @@ from deploy.state.events import CheckReported, PayloadLeftOut
 from deploy.state.localdir import private_umask
 from deploy.timeline import mark
 
+gc.freeze()
+gc.enable()
 mark("imports")
 from deploy.state.record import new_run_id
 

@@ -11,8 +11,8 @@ and what it added to the one before.
     python benchmarks/bench_timeline.py --start-cost [--repeats 9]
 
 --start-cost prints instead the CPU time (user + system, medians) of what starts once per run
-or once per host: the controller's imports and a host's agent up to its first beat, beside a
-bare `python -I -S -c pass`.
+or once per host or task: the controller's imports, a host's agent up to its first beat and a
+task's supervisor (of `/bin/true`), beside a bare `python -I -S -c pass`.
 """
 from __future__ import annotations
 
@@ -136,8 +136,9 @@ def cpu_ms(argv: list[str], stdin: bytes | None, repeats: int) -> float:
 def start_costs(repeats: int) -> None:
     sys.path.insert(0, str(REPO))
     from deploy.cluster.hostagent import boot_stdin
+    from deploy.cluster.hostzip import host_zip
     from deploy.host import boot
-    from deploy.host.layout import agent_code_dir
+    from deploy.host.layout import HOST_ZIP, agent_code_dir
     from deploy.plan.planner import AGENT_BOOT
     agent = [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
     with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
@@ -148,13 +149,20 @@ def start_costs(repeats: int) -> None:
         skip = len(stdin[:stdin.index(b"\n") + 1]) + int(stdin[:stdin.index(b"\n")])
         boot.importer_of(io.BytesIO(stdin[skip:])).keep()
         assert list(Path(agent_code_dir(kept)).iterdir())
+        # A run directory as a push leaves it, for a supervisor of worker 0 (tasks.py launch).
+        rundir = Path(tmp, "run")
+        rundir.mkdir()
+        Path(rundir, HOST_ZIP).write_bytes(host_zip())
+        supervisor = [sys.executable, "-I", "-S", str(rundir / HOST_ZIP), "supervise",
+                      str(rundir), "0", "--", "/bin/true"]
         print(f"CPU time, medians of {repeats}")
         for what, argv, stdin in (
                 ("python -I -S -c pass", [sys.executable, "-I", "-S", "-c", "pass"], None),
                 ("controller's imports (import tasks)", [sys.executable, "-c", "import tasks"],
                  None),
                 ("agent to its first beat, compiling", agent, boot_stdin(fresh)),
-                ("agent to its first beat, kept code", agent, boot_stdin(kept))):
+                ("agent to its first beat, kept code", agent, boot_stdin(kept)),
+                ("a task's supervisor of /bin/true", supervisor, None)):
             print(f"  {what:<40} {cpu_ms(argv, stdin, repeats):6.0f} ms"
                   + (f"  ({len(stdin)} bytes sent)" if stdin else ""), flush=True)
 

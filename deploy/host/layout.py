@@ -31,7 +31,6 @@ Everything is created with umask 077: nothing here is readable or writable by ot
 Paths are joined with "/" so that a leading `~/` stays for the host's shell to expand.
 """
 
-import hashlib
 import re
 
 from deploy.host.hosterror import HostError
@@ -75,6 +74,7 @@ def host_run_id(run_id, host):
     mine = "%s-%s" % (run_id, host)
     if RUN_ID.match(mine):
         return mine
+    import hashlib      # here: every task's supervisor imports this module, and hashlib is slow
     return "%s-%s" % (run_id, hashlib.sha256(host.encode()).hexdigest()[:16])
 
 

@@ -1,7 +1,6 @@
 """Reading and writing the small JSON files of a run directory (deploy/host/layout.py)."""
 import json
 import os
-import secrets
 
 from deploy.host.layout import RUN_FILE, in_run
 from deploy.host.hosterror import HostError
@@ -20,7 +19,7 @@ def write_atomic(path, data):
     new one. The temporary name is this writer's own (pid and random), so two writers of one
     path (hosts sharing a workdir, two controllers sharing a runs directory) never rename each
     other's half-written file; it ends in .tmp, never in the final name's suffix."""
-    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), secrets.token_hex(4))
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
     try:
         with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)

@@ -177,6 +177,16 @@ def test_a_program_that_cannot_start_exits_127(host, rundir):
     assert b"tfdeploy: cannot start" in status.data
 
 
+def test_a_task_starts_with_the_signals_of_a_program_started_by_hand(host, rundir):
+    # The supervisor catches TERM, INT and HUP, and Python ignores PIPE and XFSZ: the task
+    # ignores none of them, so a pipe whose reader has gone ends its writer without a word.
+    launch(host, rundir, 0, "/bin/sh", "-c",
+           "grep '^SigIgn:' /proc/$$/status; yes | head -c 2 >/dev/null; kill -SEGV $$")
+    status = poll_until_ended(host, rundir, 0)
+    assert (status.state, status.code) == ("exited", 128 + signal.SIGSEGV)
+    assert status.data == b"SigIgn:\t0000000000000000\n"
+
+
 def test_poll_of_a_task_never_launched_is_pending(host, rundir):
     status = poll(host, rundir, 7)
     assert status == TaskStatus("pending", size=0, offset=0)
