@@ -14,8 +14,8 @@ if sys.version_info < (3, 10):
              f"{sys.version.split()[0]}")
 
 # What the imports make lives as long as the program: the cyclic garbage collector stays off
-# while they run, and they are then frozen out of its reach. Its passes over those few hundred
-# thousand objects, during the imports and at exit, were a fifth of a short command's time
+# while they run, and they are then frozen out of its reach. Its passes over those tens of
+# thousands of objects, during the imports and at exit, were a fifth of a short command's time
 # (docs/benchmarks.md, "The collector").
 gc.disable()
 
