@@ -65,12 +65,13 @@ from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
 from deploy.state.events import CheckReported, PayloadLeftOut
 from deploy.state.localdir import private_umask
+from deploy.state.record import new_run_id
 from deploy.timeline import mark
 
 gc.freeze()
 gc.enable()
 mark("imports")
-from deploy.state.record import new_run_id
+
 
 def task(**kwargs):
     """Invoke's @task without short flags made up from names: they meant different things in

@@ -139,6 +139,7 @@ def start_costs(repeats: int) -> None:
     from deploy.cluster.hostzip import host_zip
     from deploy.host import boot
     from deploy.host.layout import HOST_ZIP, agent_code_dir
+    from deploy.host.tasks import supervisor_command
     from deploy.plan.planner import AGENT_BOOT
     agent = [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
     with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
@@ -153,8 +154,7 @@ def start_costs(repeats: int) -> None:
         rundir = Path(tmp, "run")
         rundir.mkdir()
         Path(rundir, HOST_ZIP).write_bytes(host_zip())
-        supervisor = [sys.executable, "-I", "-S", str(rundir / HOST_ZIP), "supervise",
-                      str(rundir), "0", "--", "/bin/true"]
+        supervisor = supervisor_command(str(rundir), "0", ["/bin/true"])
         print(f"CPU time, medians of {repeats}")
         for what, argv, stdin in (
                 ("python -I -S -c pass", [sys.executable, "-I", "-S", "-c", "pass"], None),

@@ -52,6 +52,13 @@ def ends_with_newline(path):
         return f.read(1) == b"\n"
 
 
+def supervisor_command(rundir, task, argv):
+    """The command line of task `task`'s supervisor (supervisor.py), which runs `argv`."""
+    # -S: the supervisor needs the standard library only (site is most of a start-up).
+    return [sys.executable, "-I", "-S", in_run(rundir, HOST_ZIP), "supervise", rundir, task,
+            "--"] + list(argv)
+
+
 def launch(rundir, task, cwd, argv, requirements, variables):
     """Start the task detached with the environment `variables` on top of this one's.
     `requirements`: the sha256 of the payload's requirements.txt (or None); the python of its
@@ -86,9 +93,7 @@ def launch(rundir, task, cwd, argv, requirements, variables):
             attempt, task, time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
         log.flush()
     proc = subprocess.Popen(
-        # -S: the supervisor needs the standard library only (site is most of a start-up).
-        [sys.executable, "-I", "-S", in_run(rundir, HOST_ZIP), "supervise", rundir, task,
-         "--"] + argv,
+        supervisor_command(rundir, task, argv),
         cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, close_fds=True)
     log.close()
