@@ -310,7 +310,7 @@ class Session:
     def cleanup(self, plan: RunPlan) -> dict[str, str]:
         """Stop, then delete each host's run directory; problems by host, as for stop."""
         return self._ending(plan, lambda hp: cleanup_request(hp.host, hp.run_dir,
-                                                             plan.options.grace))
+                                                             plan.options.grace, plan.run_id))
 
     def _ending(self, plan: RunPlan, request: Callable[[HostPlan], Request]) -> dict[str, str]:
         results, errors = self.ask_each("teardown", plan.hosts, request, plan.options.grace + 60)

@@ -276,8 +276,8 @@ def ending(call):
         return {"signalled": {}, "survivors": [], "absent": True}
     if isinstance(request, StopRequest):
         return teardown.stop(request.rundir, request.grace)
-    run_id = run_id_of(request.rundir)
-    done = teardown.cleanup(request.rundir, request.grace, request.host)
+    run_id = teardown.owned_run_id(request.rundir, request.run_id)
+    done = teardown.cleanup(request.rundir, request.grace, request.host, request.run_id)
     if not done["survivors"]:
         gpus.release(run_id)                         # the run's GPUs are free again
     return done

@@ -893,10 +893,12 @@ class StopRequest(HostRequest):
 @record
 class CleanupRequest(HostRequest):
     """Stop, then delete the run directory once no other host sharing it (`host`: this one's
-    name) still uses it."""
+    name) still uses it. `run_id`: the run the controller holds it for (teardown.py
+    owned_run_id)."""
     rundir: str
     grace: float
     host: Optional[str] = None
+    run_id: Optional[str] = None
 
 
 @_registered("tar-out", Archived)

@@ -10,7 +10,7 @@ import signal
 import time
 
 from deploy.host import share
-from deploy.host.layout import BUILD_PID, RUNS, in_run, task_file, task_keys
+from deploy.host.layout import BUILD_PID, RUN_ID, RUNS, in_run, task_file, task_keys
 from deploy.host.hosterror import HostError
 from deploy.host.rundir import read_json, run_id_of
 
@@ -103,12 +103,13 @@ def group_exists(pgid):
         return True
 
 
-def stop(rundir, grace):
+def stop(rundir, grace, run_id=None):
     """TERM every task's process group, then every other process of the run (escaped from its
     group: found by the run id in its environment), KILL what is left after `grace` seconds.
     Each round looks at /proc once for all of them. Answers what was signalled, the pids of
-    escaped processes that were (only when there were some), and the survivors."""
-    run_id = run_id_of(rundir)
+    escaped processes that were (only when there were some), and the survivors. `run_id`: the
+    run's, when known (owned_run_id); by default its run.json's."""
+    run_id = run_id or run_id_of(rundir)
     groups = {}
     for task in task_indices(rundir):
         info = read_json(task_file(rundir, task, "pid"))
@@ -180,15 +181,30 @@ def stop(rundir, grace):
     return result
 
 
-def cleanup(rundir, grace, host=None):
+def owned_run_id(rundir, named=None):
+    """The run id of `rundir` for its cleanup: its run.json's; where that is gone, `named`, the
+    run the controller holds the directory for, when the directory is that run's by its place,
+    <workdir>/runs/<named>. Such a directory is what a task of the run wrote after the run's
+    teardown had removed it: a host back after it was lost, writing into a shared workdir."""
+    try:
+        return run_id_of(rundir)
+    except HostError:
+        real = os.path.realpath(rundir)
+        if not named or not RUN_ID.match(named) or os.path.basename(real) != named or \
+                os.path.basename(os.path.dirname(real)) != RUNS:
+            raise
+        return named
+
+
+def cleanup(rundir, grace, host=None, named=None):
     """Stop the run's processes here; delete the directory when `host` (the inventory host this
-    is) was the last one using it."""
-    run_id = run_id_of(rundir)
+    is) was the last one using it. `named`: as for owned_run_id."""
+    run_id = owned_run_id(rundir, named)
     real = os.path.realpath(rundir)
     # Delete only a directory that is provably this run's own: <workdir>/runs/<run-id>.
     if os.path.basename(real) != run_id or os.path.basename(os.path.dirname(real)) != RUNS:
         raise HostError("refusing to delete %s: not a run directory of run %s" % (real, run_id))
-    result = stop(rundir, grace)
+    result = stop(rundir, grace, run_id)
     if result["survivors"]:
         return result
     if share.leave(real, host):

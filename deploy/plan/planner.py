@@ -198,11 +198,12 @@ def stop_request(rundir: str, grace: float) -> Request:
     return Request(StopRequest(HostPath(rundir), grace))
 
 
-def cleanup_request(host: Host, rundir: str, grace: float) -> Request:
-    """Stop, and delete the run directory once no other host sharing it (one workdir on an NFS
-    home) still uses it; a host that never got the run (its push failed) has nothing to clean
-    and answers so, instead of failing."""
-    return Request(CleanupRequest(HostPath(rundir), grace, host.name))
+def cleanup_request(host: Host, rundir: str, grace: float,
+                    run_id: str | None = None) -> Request:
+    """Stop, and delete the run directory of run `run_id` once no other host sharing it (one
+    workdir on an NFS home) still uses it; a host that never got the run (its push failed) has
+    nothing to clean and answers so, instead of failing."""
+    return Request(CleanupRequest(HostPath(rundir), grace, host.name, run_id))
 
 
 def fetch_output_request(rundir: str, limits: Limits) -> Request:

@@ -17,6 +17,7 @@ import sys
 import tarfile
 import threading
 import time
+import shutil
 import uuid
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from deploy.push.payload import PayloadPush
 from deploy.run.follow import Followers
 from deploy.cluster.hostagent import HostAgent, StepFailed
 from deploy.transport.local import LocalTransport
-from procs import ESCAPING_PAYLOAD, escaped_pids, processes_of_run, wait_until_gone
+from procs import ESCAPING_PAYLOAD, end, escaped_pids, processes_of_run, wait_until_gone
 
 
 def kill_run(run_id: str) -> None:
@@ -428,6 +429,29 @@ def test_cleanup_stops_the_run_and_removes_its_directory(host, rundir, tmp_path,
     assert not rundir.exists()
     assert (tmp_path / "work" / "runs").is_dir()       # only the run's own directory goes
     assert processes_of_run(run_id) == []
+
+
+def test_cleanup_of_a_run_directory_its_run_json_left_takes_the_run_named(host, rundir,
+                                                                          run_id):
+    # What a host back after it was lost leaves on a shared workdir once the run removed its
+    # directory: a task of the run writing its backup again, without run.json.
+    shutil.rmtree(rundir)
+    (rundir / "backup").mkdir(parents=True)
+    (rundir / "backup" / "checkpoint").write_bytes(b"\0" * 10)
+    writer = subprocess.Popen(["sleep", "60"], env={**os.environ, "TFDEPLOY_RUN_ID": run_id},
+                              start_new_session=True)
+    try:
+        wait_for_processes(run_id, 1)
+        for named in (None, "other-run"):          # the controller names no run, or another
+            with pytest.raises(StepFailed, match="not a tfdeploy run directory"):
+                host.ask(CleanupRequest(str(rundir), 1, None, named))
+            assert (rundir / "backup" / "checkpoint").exists()
+        result = host.ask(CleanupRequest(str(rundir), 1, None, run_id))
+        assert result.removed == os.path.realpath(rundir) and result.survivors == ()
+        assert not rundir.exists() and processes_of_run(run_id) == []
+        assert writer.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        end(writer)
 
 
 def test_unknown_verb_fails(host, rundir):
