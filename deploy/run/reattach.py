@@ -30,7 +30,7 @@ from deploy.state.events import (
 from deploy.state.progress import NO_EPOCHS, NewLines, told_epochs
 from deploy.state.record import (
     RECORD_FILE, FollowLock, RecordError, RunRecord, RunState, find_run, load_record,
-    read_records
+    read_records, update_record
 )
 
 
@@ -162,6 +162,11 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
     if lock.file is None:
         raise RecordError(f"run {record.run_id} is being followed by another controller "
                           f"(pid {record.controller_pid}); its logs are being written by it")
+    if record.state is RunState.RUNNING and not record.controller_alive():
+        # The controller that followed it was killed outright and could not say it let go.
+        # Said now, before this one's logins: a follow interrupted during them leaves the run
+        # detached, as it is, not followed by a controller that is gone.
+        record = update_record(local_dir, state=RunState.DETACHED, controller_pid=None)
     try:
         record, run = _open(runs_dir, record.run_id, settings, reporter, only_task=task,
                             writes_logs=True)
