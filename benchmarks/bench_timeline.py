@@ -136,10 +136,9 @@ def cpu_ms(argv: list[str], stdin: bytes | None, repeats: int) -> float:
 def start_costs(repeats: int) -> None:
     sys.path.insert(0, str(REPO))
     from deploy.cluster.hostagent import boot_stdin
-    from deploy.cluster.hostzip import host_zip
     from deploy.host import boot
-    from deploy.host.layout import HOST_ZIP, agent_code_dir
-    from deploy.host.tasks import supervisor_command
+    from deploy.host.layout import agent_code_dir
+    from deploy.host.supervisor import supervisor_command
     from deploy.plan.planner import AGENT_BOOT
     agent = [sys.executable, "-I", "-S", "-c", AGENT_BOOT]
     with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
@@ -150,10 +149,9 @@ def start_costs(repeats: int) -> None:
         skip = len(stdin[:stdin.index(b"\n") + 1]) + int(stdin[:stdin.index(b"\n")])
         boot.importer_of(io.BytesIO(stdin[skip:])).keep()
         assert list(Path(agent_code_dir(kept)).iterdir())
-        # A run directory as a push leaves it, for a supervisor of worker 0 (tasks.py launch).
+        # A supervisor of worker 0 in a run directory (tasks.py launch).
         rundir = Path(tmp, "run")
         rundir.mkdir()
-        Path(rundir, HOST_ZIP).write_bytes(host_zip())
         supervisor = supervisor_command(str(rundir), "0", ["/bin/true"])
         print(f"CPU time, medians of {repeats}")
         for what, argv, stdin in (

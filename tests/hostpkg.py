@@ -1,5 +1,5 @@
-"""The host package as the tests run it: the same zip that travels, in a run directory; and a
-host's agent started locally exactly as the controller starts one (deploy/cluster/hostagent.py over
+"""The host package as the tests run it: a host's agent started locally exactly as the
+controller starts one (deploy/cluster/hostagent.py over
 the local transport: real processes and pipes, no network)."""
 from __future__ import annotations
 
@@ -10,28 +10,13 @@ from pathlib import Path
 
 from deploy.host import venv
 from deploy.host.archive import Limits
-from deploy.host.layout import HOST_ZIP
 from deploy.host.protocol import HostRequest
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.cluster.hostagent import HostAgent
-from deploy.cluster.hostzip import host_zip
 from deploy.cluster.session import BodyFile
 from deploy.transport.local import LocalTransport
-
-
-def place(rundir: Path) -> Path:
-    """Put tfdeploy-host.zip into `rundir` (as the push does) and return its path."""
-    path = Path(rundir) / HOST_ZIP
-    if not path.exists():
-        path.write_bytes(host_zip())
-    return path
-
-
-def command(rundir: Path) -> list[str]:
-    """`python -I <rundir>/tfdeploy-host.zip`: add the verb and its arguments."""
-    return [sys.executable, "-I", str(place(rundir))]
 
 
 def local_host(workdir: str = "~/.tfdeploy", name: str = "h") -> Host:

@@ -27,7 +27,7 @@ from deploy.host.protocol import (
 from deploy.inventory.model import Host
 from deploy.plan.command import Request
 from deploy.plan.planner import agent_command
-from deploy.cluster.hostzip import host_sources
+from deploy.cluster.hostcode import host_sources
 from deploy.transport.base import LineStream, Transport, TransportError
 
 

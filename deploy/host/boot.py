@@ -3,11 +3,10 @@
 The controller starts `python -I -c BOOT` (deploy/plan/planner.py agent_command), and BOOT
 executes what comes first on stdin: this file, headed by its length. Then comes the package
 itself, its modules' sources as one compressed JSON object headed by its length
-(deploy/cluster/hostzip.py host_sources), imported from memory; nothing is written on the host
+(deploy/cluster/hostcode.py host_sources), imported from memory; nothing is written on the host
 before the checks have said that it may be. Then the folder of the host's cache where the
-package's compiled code is kept, headed by its length; then the requests (agent.py). Not the zip
-the supervisors run (tfdeploy-host.zip): importing zipfile would cost every agent's start more
-than all the rest of its loading.
+package's compiled code is kept, headed by its length; then the requests (agent.py). Not a zip:
+importing zipfile would cost every agent's start more than all the rest of its loading.
 
 Compiling the sources is a third of an agent's start. A run's push (once the checks allow
 writing) keeps the compiled code in that folder (SourcesInMemory.keep), named by the package's

@@ -5,7 +5,6 @@
         hosts/<host>.json           {"tasks": [...]}: one per inventory host using the directory
                                     (several when hosts share the workdir, e.g. an NFS home);
                                     the last host whose teardown ends deletes the directory
-        tfdeploy-host.zip           this package, run as `python -I tfdeploy-host.zip VERB ...`
         manifest.json               what payload/ must hold
         data-<tree>.json            what a data directory <workdir>/data/<tree> must hold
         payload/                    the training program, assembled from the cache
@@ -43,7 +42,6 @@ CACHE = "cache"
 DATA = "data"
 ENVS = "envs"
 
-HOST_ZIP = "tfdeploy-host.zip"
 RUN_FILE = "run.json"
 MANIFEST = "manifest.json"
 # data-<tree sha256>.json: a data tree's manifest, named by its tree (data_manifest), since

@@ -1,6 +1,6 @@
 """A push's first step on the host: refuse an unsafe workdir, then unpack the stage (run.json,
-this package as tfdeploy-host.zip, the manifest) into the run directory, and hand back the small
-files that rode along (inline/<sha256>) for the cache to verify and take (cache.want).
+the manifest) into the run directory, and hand back the small files that rode along
+(inline/<sha256>) for the cache to verify and take (cache.want).
 
 Hosts sharing the workdir unpack the same stage into the same run directory at once, and one of
 them may be running the host package already: each file is written beside its place under a

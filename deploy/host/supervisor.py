@@ -1,40 +1,39 @@
-"""The supervisor of one task (`python -I -S tfdeploy-host.zip supervise RUNDIR TASK --
-ARGV...`, started by tasks.py launch): it runs ARGV in the task's process group and records
-its exit code. One starts per task at every launch, so it imports little: the run directory's
-names, not the agent's protocol, and os.fork and os.execvp rather than subprocess (whose
-imports were a third of a supervisor's start).
+"""The supervisor of one task: a POSIX shell that runs the task as its child, in the task's
+process group, and records its exit code when it ends (started by tasks.py launch).
+
+It must outlive the agent (a dropped connection ends nothing) and it starts once per task at
+every launch, so it is the host's /bin/sh running SCRIPT, not a Python: a shell starts in about
+a millisecond of CPU, a Python with the few modules a supervisor needs in about thirty, which
+on a host whose cores start a training program at the same moment is the launch's own cost.
+
+What the script does, and why:
+- `trap : HUP INT TERM`: a signal for the group (teardown's SIGTERM, a Ctrl-C) ends the task,
+  and the shell waits for it all the same to record how it ended. A handler, not `trap ''`:
+  an ignored signal would be inherited by the task; a handled one is back at its default.
+- The shell's own output goes to /dev/null and the task gets the log on fd 1 and 2, in a
+  subshell that execs it: shells print "Terminated" or "Killed" for a child a signal ended,
+  and that is no line of the task's. A task that cannot start says why in its log (exit 127).
+- The exit file is written in one write, not renamed into place: a reader looks at the group's
+  liveness first and reads the file after (tasks.py statuses), so it reads a whole file once
+  the shell is gone, and a partial one only while the task still counts as running.
+- `ended` is `date +%s.%N`, or null where the host's `date` cannot say it.
 """
-import os
-import signal
-import time
-
 from deploy.host.layout import task_file
-from deploy.host.rundir import write_json_atomic
+
+SCRIPT = """exit_file=$1
+shift
+trap : HUP INT TERM
+exec 3>&1 >/dev/null 2>&1
+(exec "$@" >&3 2>&3 3>&-)
+code=$?
+exec 3>&-
+ended=$(date +%s.%N)
+case $ended in ''|*[!0-9.]*) ended=null ;; esac
+printf '{"code": %d, "ended": %s}\\n' "$code" "$ended" >"$exit_file"
+"""
 
 
-def supervise(rundir, task, argv):
-    # Stay alive through TERM/INT so the exit code gets recorded; a handler (not SIG_IGN) is
-    # used because ignored signals would be inherited by the training process across exec.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)
-    pid = os.fork()
-    if pid == 0:
-        _become(argv)
-    status = os.waitpid(pid, 0)[1]
-    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    write_json_atomic(task_file(rundir, task, "exit"), {"code": code, "ended": time.time()})
-    return {}
-
-
-def _become(argv):
-    """The child: the task itself, with SIGPIPE and SIGXFSZ back at their defaults (Python
-    ignores both; the handlers above end at exec). Not os.posix_spawn: glibc's leaves two
-    signals of its own ignored in the program it starts."""
-    try:
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        os.write(1, ("tfdeploy: cannot start %s: %s\n" % (argv[0], exc)).encode())
-    finally:
-        os._exit(127)
+def supervisor_command(rundir, task, argv):
+    """The command line of task `task`'s supervisor, which runs `argv`: every value is a
+    positional parameter of SCRIPT, never part of it."""
+    return ["/bin/sh", "-c", SCRIPT, "tfdeploy", task_file(rundir, task, "exit")] + list(argv)

@@ -1,21 +1,21 @@
 """The tasks of a run on their host: start each one detached, supervise it, and report
 states and new log bytes to the controller (one answer, or a live stream).
 
-A task runs in a session and process group of its own under a supervisor (this package
-again: supervisor.py), which records its exit code: a dropped SSH connection ends nothing, and
+A task runs in a session and process group of its own under a supervisor (a shell:
+supervisor.py), which records its exit code: a dropped SSH connection ends nothing, and
 teardown (teardown.py) finds every process by its group and the run id in its environment.
 """
 import os
 import subprocess
-import sys
 import threading
 import time
 
 from deploy.host.envkey import env_python
-from deploy.host.layout import HOST_ZIP, in_run, task_file, workdir_of
+from deploy.host.layout import task_file, workdir_of
 from deploy.host.hosterror import HostError
 from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
+from deploy.host.supervisor import supervisor_command
 from deploy.host.teardown import group_exists, group_members
 
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
@@ -50,13 +50,6 @@ def ends_with_newline(path):
     with open(path, "rb") as f:
         f.seek(-1, os.SEEK_END)
         return f.read(1) == b"\n"
-
-
-def supervisor_command(rundir, task, argv):
-    """The command line of task `task`'s supervisor (supervisor.py), which runs `argv`."""
-    # -S: the supervisor needs the standard library only (site is most of a start-up).
-    return [sys.executable, "-I", "-S", in_run(rundir, HOST_ZIP), "supervise", rundir, task,
-            "--"] + list(argv)
 
 
 def launch(rundir, task, cwd, argv, requirements, variables):

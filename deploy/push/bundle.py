@@ -19,10 +19,9 @@ from typing import Iterator
 
 from deploy.errors import BadInput
 from deploy.host.cache import END, MAGIC
-from deploy.host.layout import HOST_ZIP, INLINE, MANIFEST, RUN_FILE
+from deploy.host.layout import INLINE, MANIFEST, RUN_FILE
 from deploy.push.hashcache import HashCache
 from deploy.push.ignore import IGNORE_FILE, IgnoreRules
-from deploy.cluster.hostzip import host_zip
 
 
 class BundleError(BadInput):
@@ -161,13 +160,12 @@ def manifest_document(files: tuple[FileEntry, ...]) -> dict:
 
 def stage_tar(run_id: str, files: tuple[FileEntry, ...], riders: list[FileEntry] = (),
               payload: Path | None = None) -> bytes:
-    """run.json, the host package, the manifest and the content of `riders` (as
+    """run.json, the manifest and the content of `riders` (as
     inline/<sha256>, taken from `payload`), as a small tar.gz."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         add_bytes(tar, RUN_FILE, json.dumps({"run_id": run_id}).encode())
         add_bytes(tar, MANIFEST, json.dumps(manifest_document(files)).encode())
-        add_bytes(tar, HOST_ZIP, host_zip())
         for f in riders:
             add_bytes(tar, f"{INLINE}/{f.sha256}", (payload / f.path).read_bytes())
     return buf.getvalue()

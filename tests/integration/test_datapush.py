@@ -194,10 +194,8 @@ def test_a_record_from_before_data_replans_without_it(lab, tmp_path):
 # -- the host side, as a host runs it ----------------------------------------------------------
 
 def host_run_dir(tmp_path: Path, name: str) -> Path:
-    """A run directory as the payload push leaves it: the host package is there."""
     rundir = tmp_path / "work" / "runs" / name
     rundir.mkdir(parents=True)
-    hostpkg.place(rundir)
     return rundir
 
 
@@ -357,7 +355,6 @@ def test_the_agent_refuses_to_start_a_task_without_its_data_dir(agent, tmp_path)
     rundir = tmp_path / "run"
     rundir.mkdir()
     (rundir / "run.json").write_text(json.dumps({"run_id": RUN_ID}))
-    hostpkg.place(rundir)
     with pytest.raises(StepFailed, match=r"is not a directory on this host \(field 'data'"):
         agent.ask(LaunchRequest(str(rundir), "0", str(tmp_path), (sys.executable, "-c", "pass")),
                   TFDEPLOY_RUN_ID=RUN_ID, TFDEPLOY_DATA_DIR=str(tmp_path / "nowhere"))

@@ -30,7 +30,7 @@ from deploy.host.boot import SourcesInMemory, unpacked
 from deploy.host.frames import read_frame
 from deploy.plan.planner import AGENT_BOOT, Options, follow_request, plan_run
 from deploy.cluster.hostagent import StepFailed, boot_stdin
-from deploy.cluster.hostzip import host_sources
+from deploy.cluster.hostcode import host_sources
 
 HOST_SOURCE = Path(deploy.host.__file__).parent
 

@@ -191,10 +191,9 @@ def test_the_stage_hands_its_riders_to_the_cache_and_writes_none_into_the_run_di
     rundir = tmp_path / "work" / "runs" / "r1"
     riders = unpack_stage(str(rundir), stage_tar("r1", files, [rider], payload))
     assert riders == {rider.sha256: b"print('hi')\n"}
-    assert sorted(os.listdir(rundir)) == ["manifest.json", "run.json", "tfdeploy-host.zip"]
+    assert sorted(os.listdir(rundir)) == ["manifest.json", "run.json"]
     again = unpack_stage(str(rundir), stage_tar("r1", files, [rider], payload))
-    assert again == riders and sorted(os.listdir(rundir)) == [
-        "manifest.json", "run.json", "tfdeploy-host.zip"]
+    assert again == riders and sorted(os.listdir(rundir)) == ["manifest.json", "run.json"]
 
 
 @pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="Linux only")

@@ -277,8 +277,7 @@ def test_hosts_sharing_a_workdir_unpack_one_stage_with_its_riders_at_once(agents
         answers = push_at_once(agents, rundir, cache, stage_tar(run_id, files, files, payload))
         assert all(a["assembled"] and a["missing"] == [] for a in answers), answers
         assert len({a["filesystem"] for a in answers}) == 1
-        assert sorted(os.listdir(rundir)) == ["hosts", "manifest.json", "payload", "run.json",
-                                              "tfdeploy-host.zip"]
+        assert sorted(os.listdir(rundir)) == ["hosts", "manifest.json", "payload", "run.json"]
         assert (rundir / "payload" / "files" / "f199.txt").read_text() == "a file 199\n"
         assert len(os.listdir(rundir / "payload" / "files")) == 200
         assert sorted(os.listdir(rundir / "hosts")) == sorted(

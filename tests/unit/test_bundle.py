@@ -11,7 +11,6 @@ import pytest
 
 from deploy.push import bundle
 from deploy.push.bundle import BundleError, FileStream, manifest, payload_files, stage_tar
-from deploy.cluster.hostzip import host_zip
 
 RUN_ID = "20260101-000000-b0b0b0"
 
@@ -51,13 +50,12 @@ def payload(tmp_path):
     return root
 
 
-def test_stage_holds_identity_agent_and_manifest(payload):
+def test_stage_holds_identity_and_manifest(payload):
     files = manifest(payload, "train.py")
     stage = stage_tar(RUN_ID, files)
     assert stage[:2] == b"\x1f\x8b"                        # gzip
-    assert sorted(members(stage)) == ["manifest.json", "run.json", "tfdeploy-host.zip"]
+    assert sorted(members(stage)) == ["manifest.json", "run.json"]
     assert json.loads(read(stage, "run.json")) == {"run_id": RUN_ID}
-    assert read(stage, "tfdeploy-host.zip") == host_zip()
     doc = json.loads(read(stage, "manifest.json"))
     assert [row[0] for row in doc["files"]] == ["nb/a.ipynb", "pkg/__init__.py",
                                                 "pkg/deep/er/data file.csv", "pkg/util.py",
