@@ -6,6 +6,7 @@ push finds it. Real sshd hosts on loopback whose workdirs are small tmpfs mounts
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -108,11 +109,16 @@ def test_a_disk_that_fills_during_the_push_is_named_and_leaves_nothing(ssh_lab, 
 
 
 def test_a_disk_too_full_for_the_stage_leaves_no_run_directory(ssh_lab, tmp_path):
-    """The push's first write, the stage (host package, manifest), finds no room: the run
-    directory it began is removed with it, since teardown runs the host package from there."""
+    """The push's first write, the stage (run.json, the manifest), finds no room: the run
+    directory it began is removed with it."""
+    from deploy.push.bundle import manifest_document
     from deploy.push.payload import PayloadPush
     payload = big_payload(tmp_path, 1)
-    assert len(PayloadPush(payload, "train.py", "20260101-000000-abcdef").stage) > 16 << 10
+    # Files enough for a manifest that a 16 KiB disk cannot hold.
+    for i in range(400):
+        (payload / f"part-{i:04d}-of-a-payload-of-many-files.txt").write_text(str(i))
+    files = PayloadPush(payload, "train.py", "20260101-000000-abcdef").files
+    assert len(json.dumps(manifest_document(files))) > 32 << 10
     with tmpfs(tmp_path / "disk", "16k") as mounted:
         hosts, inventory = second_host_on(ssh_lab, tmp_path, mounted)
         done, run_id = train(inventory, payload, tmp_path, "--no-check")
