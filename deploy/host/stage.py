@@ -3,8 +3,8 @@ the manifest) into the run directory, and hand back the small files that rode al
 (inline/<sha256>) for the cache to verify and take (cache.want).
 
 Hosts sharing the workdir unpack the same stage into the same run directory at once, and one of
-them may be running the host package already: each file is written beside its place under a
-name of this writer's own and renamed into it (the same bytes, whichever rename comes last).
+them may be reading the manifest already: each file is written beside its place under a name of
+this writer's own and renamed into it (the same bytes, whichever rename comes last).
 The riders never enter the run directory, where another host would list them.
 """
 import errno
