@@ -27,7 +27,7 @@ from deploy.plan.planner import (
 )
 from deploy.plan.ports import choose_ports, task_ports
 from deploy.cluster import keptbackup
-from deploy.cluster.hostagent import Body, HostAgent, StepFailed
+from deploy.cluster.hostagent import Body, HostAgent, Reply, StepFailed
 from deploy.cluster.parallel import HostsFailed, on_all, on_each
 from deploy.transport.base import CommandResult, Transport
 from deploy.transport.connect import connect
@@ -144,16 +144,25 @@ def backup_targets(chief: str, hosts: Iterable[str],
     return [name for name in names[1:] if name not in followers]
 
 
+# What a session asks of a host's agent as soon as it has started (the checks' probe), while
+# other hosts still log in: (host, its agent) -> the reply.
+FirstAsk = Callable[[Host, HostAgent], Reply]
+
+
 class Session:
-    def __init__(self, transports: Mapping[str, Transport], agents: Mapping[str, HostAgent]):
+    def __init__(self, transports: Mapping[str, Transport], agents: Mapping[str, HostAgent],
+                 first_replies: Mapping[str, Reply] | None = None):
         self.transports, self.agents = dict(transports), dict(agents)
+        # The replies to open_each's `first`, by host name, for whoever takes them.
+        self.first_replies = dict(first_replies or {})
 
     @classmethod
     def open(cls, inventory: Inventory, connect_timeout: float,
-             accept_new_host_keys: bool) -> "Session":
+             accept_new_host_keys: bool, first: FirstAsk | None = None) -> "Session":
         """Log in to every host and start its agent, or raise HostsFailed naming every
         failure."""
-        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
+        session, errors = cls.open_each(inventory.hosts, connect_timeout, accept_new_host_keys,
+                                        first)
         if errors:
             session.close()
             raise HostsFailed("connecting", errors)
@@ -161,25 +170,31 @@ class Session:
 
     @classmethod
     def open_each(cls, hosts: Iterable[Host], connect_timeout: float,
-                  accept_new_host_keys: bool) -> tuple["Session", dict[str, BaseException]]:
-        """Log in to every host and start its agent; the hosts where that failed, and why."""
-        def start(host: Host) -> tuple[Transport, HostAgent]:
+                  accept_new_host_keys: bool, first: FirstAsk | None = None,
+                  ) -> tuple["Session", dict[str, BaseException]]:
+        """Log in to every host and start its agent; the hosts where that failed, and why.
+        `first` is asked of each agent right behind its start (on its stdin, which it reads
+        once it runs): its answer comes while other hosts still log in, not a round trip
+        after the slowest of them."""
+        def start(host: Host) -> tuple[Transport, HostAgent, Reply | None]:
             transport = connect(host, connect_timeout, accept_new_host_keys)
             mark("login", host.name)
             agent = None
             try:
                 agent = HostAgent(host, transport)
+                reply = first(host, agent) if first is not None else None
                 agent.wait_started(connect_timeout)
                 mark("agent", host.name)
-                return transport, agent
+                return transport, agent, reply
             except BaseException:
                 if agent is not None:
                     agent.close()
                 transport.close()
                 raise
         results, errors = on_each(hosts, lambda h: h.name, start)
-        return cls({n: t for n, (t, _) in results.items()},
-                   {n: a for n, (_, a) in results.items()}), errors
+        return cls({n: t for n, (t, _, _) in results.items()},
+                   {n: a for n, (_, a, _) in results.items()},
+                   {n: r for n, (_, _, r) in results.items() if r is not None}), errors
 
     def close(self) -> None:
         for agent in self.agents.values():

@@ -11,7 +11,7 @@ import time
 from typing import Mapping
 
 from deploy.errors import Failure
-from deploy.inventory.model import Inventory
+from deploy.inventory.model import Host, Inventory
 from deploy.plan.checks import (
     HOSTCHECK_SOURCE, CheckReport, HostCheck, assign_task_ports, judge_mesh, judge_probe,
     mesh_specs, probe_request, version_problems
@@ -19,7 +19,8 @@ from deploy.plan.checks import (
 from deploy.plan.planner import env_requirements
 from deploy.plan.pythons import PythonNeed
 from deploy.run.mesh import probe_mesh
-from deploy.cluster.session import Session, gather
+from deploy.cluster.hostagent import HostAgent, Reply
+from deploy.cluster.session import FirstAsk, Session, gather
 from deploy.state.events import CheckReported, HostsChecked, Reporter
 from deploy.timeline import mark
 
@@ -45,13 +46,10 @@ def run_checks(inventory: Inventory, session: Session,
         if c.host.name not in session.agents:
             c.problems.append((unreachable or {}).get(c.host.name, f"{c.host.label}: not connected"))
     connected = [c for c in checks if c.host.name in session.agents]
-    source = HOSTCHECK_SOURCE.read_bytes()
-
-    def ask(c: HostCheck):
-        requirements = env_requirements(c.host, requirements_sha256)
-        return session.agents[c.host.name].ask(probe_request(c.host, requirements), "probe",
-                                               source if requirements else b"")
-    answers, errors = gather({c.host.name: ask(c) for c in connected}, PROBE_TIMEOUT)
+    ask = probe_asker(requirements_sha256)
+    answers, errors = gather({c.host.name: session.first_replies.pop(c.host.name, None)
+                              or ask(c.host, session.agents[c.host.name])
+                              for c in connected}, PROBE_TIMEOUT)
     mark("probe")
     for c in connected:
         if c.host.name in errors:
@@ -71,12 +69,26 @@ def run_checks(inventory: Inventory, session: Session,
     return report
 
 
+def probe_asker(requirements_sha256: str | None = None) -> FirstAsk:
+    """The checks' probe of one host (`requirements_sha256`: the `inv setup` environment the
+    tasks would prefer), asked of its agent: by run_checks, or by Session.open right behind
+    the agent's start, which takes the probe off the critical path of a run's start."""
+    source = HOSTCHECK_SOURCE.read_bytes()
+
+    def ask(host: Host, agent: HostAgent) -> Reply:
+        requirements = env_requirements(host, requirements_sha256)
+        return agent.ask(probe_request(host, requirements), "probe",
+                         source if requirements else b"")
+    return ask
+
+
 def check_hosts(inventory: Inventory, connect_timeout: float, accept_new_host_keys: bool,
                 requirements_sha256: str | None = None,
                 need: PythonNeed | None = None) -> CheckReport:
     """`inv check`: connect to every host itself, so that unreachable hosts become rows too."""
     started = time.monotonic()
-    session, errors = Session.open_each(inventory.hosts, connect_timeout, accept_new_host_keys)
+    session, errors = Session.open_each(inventory.hosts, connect_timeout, accept_new_host_keys,
+                                        probe_asker(requirements_sha256))
     try:
         report = run_checks(inventory, session, {n: str(e) for n, e in errors.items()},
                             requirements_sha256, need=need)

@@ -28,7 +28,7 @@ from deploy.push.payload import PayloadPush
 from deploy.plan.pythons import payload_need
 from deploy.run.background import hand_over
 from deploy.run.gpuplace import place_gpus
-from deploy.run.hostchecks import check_before_run
+from deploy.run.hostchecks import check_before_run, probe_asker
 from deploy.run.finish import Finish, abandon, finish, runs_dir_flag
 from deploy.run.lostport import NewPorts
 from deploy.run.preflight import refuse_bad_input, shown_paths
@@ -121,8 +121,11 @@ def connect_and_check(prepared: Prepared, settings: RunSettings,
     The ports the checks chose are the run's: the mesh check just proved them reachable from
     every host, and a second probe would cost every host another request."""
     inventory, plan = prepared.inventory, prepared.plan
+    # The checks' probe goes right behind each host's agent (hostchecks.py probe_asker).
+    first = probe_asker(plan.options.requirements_sha256) if settings.check else None
     with reporter.status(f"connecting to {len(inventory.hosts)} host(s)…"):
-        session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys)
+        session = Session.open(inventory, settings.connect_timeout, settings.accept_new_host_keys,
+                               first)
     if not settings.check:
         return session, None
     push_bytes = {h.name: prepared.payload.total_bytes + prepared.data.bytes_for(h)

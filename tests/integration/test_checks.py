@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from deploy.plan.checks import (
 from deploy.plan.lints import lint
 from deploy.plan.planner import Options, plan_run
 from deploy.plan.ports import choose_ports, task_ports
-from deploy.run.hostchecks import run_checks
+from deploy.run.hostchecks import probe_asker, run_checks
 from deploy.run.mesh import probe_mesh
 from deploy.cluster.hostagent import HostAgent
 from deploy.cluster.session import Session
@@ -547,3 +548,35 @@ def test_the_agent_finds_the_packages_the_tasks_import(agent, tmp_path):
     assert answer.versions == {"tensorflow": metadata.version("tensorflow"),
                                   "tf_keras": metadata.version("tf-keras"),
                                   "numpy": metadata.version("numpy")}
+
+
+def test_a_hosts_probe_is_answered_while_a_slower_host_still_starts(tmp_path):
+    """The checks' probe goes right behind each host's agent (Session.open_each's `first`):
+    a host that is up is probed while a slower one still starts, and the checks then take
+    those answers instead of asking again."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 2\nexec '{sys.executable}' \"$@\"\n")
+    slow.chmod(0o755)
+    hosts = parse_inventory(
+        f"hosts:\n  - {{name: a, transport: local, python: '{sys.executable}',"
+        f" workdir: '{tmp_path}/a'}}\n"
+        f"  - {{name: b, transport: local, python: '{slow}', workdir: '{tmp_path}/b'}}\n",
+        "lab.yaml", environ={})
+    ask, answered = probe_asker(), {}
+
+    def first(host, agent):
+        reply = ask(host, agent)
+        threading.Thread(target=lambda: reply.done.wait(30) and answered.setdefault(
+            host.name, time.monotonic()), daemon=True).start()
+        return reply
+    session, errors = Session.open_each(hosts.hosts, 30, False, first)
+    try:
+        assert errors == {}
+        started = time.monotonic()        # b's agent is up: open_each waited for it
+        assert answered["a"] < started - 1.0, "a's probe waited for b's start"
+        report = run_checks(hosts, session)
+        assert session.first_replies == {}
+    finally:
+        session.close()
+    assert [c.problems for c in report.hosts] == [[], []]
+    assert [c.probe.executable for c in report.hosts] == [sys.executable] * 2
