@@ -153,14 +153,19 @@ def stop(rundir, grace, run_id=None):
             except ProcessLookupError:
                 pass
 
+    # Every look at /proc reads the environment of each of this user's processes (all of a
+    # host's, for root): the state each round starts from is the last look's, and a run whose
+    # tasks have all ended costs one look.
+    live, loose = look()
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        live, loose = look()
+        if not live and not loose:
+            break
         for task in live:
             send(task, groups[task], sig)
         # After the groups: a task's own shutdown may end its helpers itself.
         end_escaped(loose, sig)
         deadline = time.time() + wait
-        while (live or loose) and time.time() < deadline:
+        while True:
             time.sleep(0.05)
             live, loose = look()
             end_escaped(loose, sig)
@@ -171,9 +176,8 @@ def stop(rundir, grace, run_id=None):
                     if deaf_to_term(groups[task], members) and "SIGKILL" not in \
                             signalled.get(str(task), ()):
                         send(task, groups[task], signal.SIGKILL)
-        if not live and not loose:
-            break
-    live, loose = look()
+            if not (live or loose) or time.time() >= deadline:
+                break
     result = {"signalled": signalled,
               "survivors": sorted({p for m in live.values() for p in m} | set(loose))}
     if escaped:
