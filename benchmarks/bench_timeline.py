@@ -12,7 +12,9 @@ and what it added to the one before.
 
 --start-cost prints instead the CPU time (user + system, medians) of what starts once per run
 or once per host or task: the controller's imports, a host's agent up to its first beat and a
-task's supervisor (of `/bin/true`), beside a bare `python -I -S -c pass`.
+task's supervisor (of `/bin/true`), beside a bare `python -I -S -c pass`; and of one mesh
+check connection (both of its ends, in one process), which a lab of N hosts on one machine
+pays N * (N - 1) times.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import io
 import json
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -163,6 +166,35 @@ def start_costs(repeats: int) -> None:
                 ("a task's supervisor of /bin/true", supervisor, None)):
             print(f"  {what:<40} {cpu_ms(argv, stdin, repeats):6.0f} ms"
                   + (f"  ({len(stdin)} bytes sent)" if stdin else ""), flush=True)
+    each = statistics.median(mesh_connection_us(500) for _ in range(repeats))
+    print(f"  {'a mesh check connection (both ends)':<40} {each:6.0f} us", flush=True)
+
+
+def mesh_connection_us(count: int) -> float:
+    """CPU microseconds per connection of `count` mesh check connections (deploy/host/probe.py:
+    a listener's serve and the dialers of dial_all) to one listener in this process."""
+    from deploy.host import probe
+    listener, anywhere = probe.any_address_socket()
+    listener.bind((anywhere, 0))
+    listener.listen(1024)
+    port = listener.getsockname()[1]
+    counts, lock = {"stop": False, port: 0}, threading.Lock()
+    server = threading.Thread(target=probe.serve, daemon=True,
+                              args=(listener, port, "h1", "n1", counts, lock))
+    server.start()
+    started = time.process_time()
+    results, dialers = probe.dial_all([("127.0.0.1", port, "h1")] * count, "n1", 1.0,
+                                      lambda now: now + 10)
+    for dialer in dialers:
+        dialer.join()
+    spent = time.process_time() - started
+    counts["stop"] = True
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    server.join()
+    if not all(r and r.get("ok") for r in results):
+        raise SystemExit(f"a mesh check connection failed: {results}")
+    return spent / count * 1e6
 
 
 def main() -> None:
