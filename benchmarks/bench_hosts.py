@@ -3,7 +3,9 @@ exits, no TensorFlow) on 16 and 64 SSH lab hosts, against the same number of par
 `ssh host python3 noop.py` (OpenSSH, one ssh_config, strict known_hosts).
 
 Per repeat, alternating: parallel ssh, `inv check`, `inv train` (checks included). Prints
-medians and each one's ratio to parallel ssh.
+medians and each one's ratio to parallel ssh, and how many CPU-seconds the whole machine was
+busy during each (/proc/stat): with every lab host on the same cores, a run's time follows the
+work all of its processes do, and the share of the cores left idle.
 
     python benchmarks/bench_hosts.py [--repeats 3] [--hosts 16 64]
 """
@@ -78,6 +80,20 @@ def run_inv(*args: str, env: dict[str, str] | None = None,
     return usage
 
 
+def busy_seconds() -> float:
+    """CPU-seconds the machine's cores have been busy since boot (all but idle and iowait)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_during(run: Callable[[], float], busy: list[float]) -> float:
+    """`run()`'s own result; the machine's busy CPU-seconds meanwhile appended to `busy`."""
+    before = busy_seconds()
+    elapsed = run()
+    busy.append(busy_seconds() - before)
+    return elapsed
+
+
 def measure(count: int, repeats: int, tmp: Path) -> None:
     with SshLab(tmp / f"lab{count}", first_octet=FIRST_OCTET) as lab:
         hosts = lab.start(count)
@@ -87,18 +103,30 @@ def measure(count: int, repeats: int, tmp: Path) -> None:
         payload.mkdir(exist_ok=True)
         (payload / "noop.py").write_text(NOOP)
         ssh, check, train = [], [], []
+        busy: dict[str, list[float]] = {"ssh": [], "check": [], "train": []}
         for _ in range(repeats):
-            ssh.append(parallel_ssh(config, hosts, payload / "noop.py"))
-            check.append(inv("check", "--hosts", str(inventory)))
-            train.append(inv("train", "--hosts", str(inventory), "--payload", str(payload),
-                             "--entry", "noop.py", "--runs-dir", str(tmp / "runs")))
+            ssh.append(busy_during(lambda: parallel_ssh(config, hosts, payload / "noop.py"),
+                                   busy["ssh"]))
+            check.append(busy_during(lambda: inv("check", "--hosts", str(inventory)),
+                                     busy["check"]))
+            train.append(busy_during(lambda: inv(
+                "train", "--hosts", str(inventory), "--payload", str(payload), "--entry",
+                "noop.py", "--runs-dir", str(tmp / "runs")), busy["train"]))
     s = statistics.median(ssh)
     print(f"{count} SSH hosts on loopback; {repeats} repeats, alternating")
     print(line(f"{count} parallel ssh python3 noop.py:", ssh, 40))
     print(line("inv check:", check, 40))
     print(line("inv train (trivial payload):", train, 40))
     print(f"ratio inv check / parallel ssh: {statistics.median(check) / s:.2f}x; "
-          f"inv train / parallel ssh: {statistics.median(train) / s:.2f}x", flush=True)
+          f"inv train / parallel ssh: {statistics.median(train) / s:.2f}x")
+    cores = os.cpu_count() or 1
+    shown = []
+    for what, key, times in (("parallel ssh", "ssh", ssh), ("inv check", "check", check),
+                             ("inv train", "train", train)):
+        spent = statistics.median(busy[key])
+        shown.append(f"{what} {spent:.2f} s ({spent / (statistics.median(times) * cores):.0%})")
+    print(f"machine busy, CPU-seconds (share of its {cores} cores' time): " + ", ".join(shown),
+          flush=True)
 
 
 def main() -> None:
