@@ -5,7 +5,9 @@ exits, no TensorFlow) on 16 and 64 SSH lab hosts, against the same number of par
 Per repeat, alternating: parallel ssh, `inv check`, `inv train` (checks included). Prints
 medians and each one's ratio to parallel ssh, and how many CPU-seconds the whole machine was
 busy during each (/proc/stat): with every lab host on the same cores, a run's time follows the
-work all of its processes do, and the share of the cores left idle.
+work all of its processes do, and the share of the cores left idle. That work is split in two:
+this side's (the ssh clients, or the controller) and the hosts' (every session the lab's sshd
+servers ended: its login, shell, agent and tasks).
 
     python benchmarks/bench_hosts.py [--repeats 3] [--hosts 16 64]
 """
@@ -86,11 +88,36 @@ def busy_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def busy_during(run: Callable[[], float], busy: list[float]) -> float:
-    """`run()`'s own result; the machine's busy CPU-seconds meanwhile appended to `busy`."""
-    before = busy_seconds()
+def hosts_seconds(sshd_pids: list[int]) -> float:
+    """CPU-seconds of the sessions the lab's sshd servers have ended and reaped (their
+    children's, /proc/PID/stat cutime and cstime): the logins, shells, agents and tasks."""
+    ticks = 0
+    for pid in sshd_pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_seconds() -> float:
+    """CPU-seconds of this process's ended children (the ssh clients, or inv)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# The moment an ended session takes to be reaped by its sshd, and counted there.
+REAPED = 0.3
+
+
+def busy_during(run: Callable[[], float], busy: dict[str, list[float]],
+                sshd_pids: list[int]) -> float:
+    """`run()`'s own result; the machine's busy CPU-seconds meanwhile, and this side's and the
+    hosts' share of them, appended to `busy`."""
+    before = busy_seconds(), own_seconds(), hosts_seconds(sshd_pids)
     elapsed = run()
-    busy.append(busy_seconds() - before)
+    time.sleep(REAPED)
+    after = busy_seconds(), own_seconds(), hosts_seconds(sshd_pids)
+    for key, was, now in zip(("machine", "own", "hosts"), before, after):
+        busy[key].append(now - was)
     return elapsed
 
 
@@ -103,15 +130,17 @@ def measure(count: int, repeats: int, tmp: Path) -> None:
         payload.mkdir(exist_ok=True)
         (payload / "noop.py").write_text(NOOP)
         ssh, check, train = [], [], []
-        busy: dict[str, list[float]] = {"ssh": [], "check": [], "train": []}
+        busy = {side: {"machine": [], "own": [], "hosts": []}
+                for side in ("ssh", "check", "train")}
+        sshd = lab.pids
         for _ in range(repeats):
             ssh.append(busy_during(lambda: parallel_ssh(config, hosts, payload / "noop.py"),
-                                   busy["ssh"]))
+                                   busy["ssh"], sshd))
             check.append(busy_during(lambda: inv("check", "--hosts", str(inventory)),
-                                     busy["check"]))
+                                     busy["check"], sshd))
             train.append(busy_during(lambda: inv(
                 "train", "--hosts", str(inventory), "--payload", str(payload), "--entry",
-                "noop.py", "--runs-dir", str(tmp / "runs")), busy["train"]))
+                "noop.py", "--runs-dir", str(tmp / "runs")), busy["train"], sshd))
     s = statistics.median(ssh)
     print(f"{count} SSH hosts on loopback; {repeats} repeats, alternating")
     print(line(f"{count} parallel ssh python3 noop.py:", ssh, 40))
@@ -120,13 +149,16 @@ def measure(count: int, repeats: int, tmp: Path) -> None:
     print(f"ratio inv check / parallel ssh: {statistics.median(check) / s:.2f}x; "
           f"inv train / parallel ssh: {statistics.median(train) / s:.2f}x")
     cores = os.cpu_count() or 1
-    shown = []
+    shown, split = [], []
     for what, key, times in (("parallel ssh", "ssh", ssh), ("inv check", "check", check),
                              ("inv train", "train", train)):
-        spent = statistics.median(busy[key])
+        spent = statistics.median(busy[key]["machine"])
         shown.append(f"{what} {spent:.2f} s ({spent / (statistics.median(times) * cores):.0%})")
-    print(f"machine busy, CPU-seconds (share of its {cores} cores' time): " + ", ".join(shown),
-          flush=True)
+        split.append(f"{what} {statistics.median(busy[key]['own']):.2f} + "
+                     f"{statistics.median(busy[key]['hosts']):.2f} s")
+    print(f"machine busy, CPU-seconds (share of its {cores} cores' time): " + ", ".join(shown))
+    print("CPU-seconds of the ssh clients or the controller + of the hosts' sessions: "
+          + ", ".join(split), flush=True)
 
 
 def main() -> None:

@@ -27,7 +27,8 @@ import os
 import stat
 import tarfile
 import zlib
-from dataclasses import dataclass, field
+
+from deploy.host.records import Frozen, record
 
 # The default cap of one archive: room for real checkpoints; --max-fetch raises it.
 MAX_BYTES = 8 << 30
@@ -65,8 +66,8 @@ def size(n):
     return str(n)
 
 
-@dataclass(frozen=True)
-class Limits:
+@record
+class Limits(Frozen):
     """How much one archive may unpack to: bytes of its files, and members."""
     bytes: int = MAX_BYTES
     members: int = MAX_MEMBERS
@@ -95,12 +96,14 @@ class Refused(Exception):
         self.over_limit = over_limit
 
 
-@dataclass
 class Unpacked:
-    files: int = 0
-    bytes: int = 0
-    skipped: list = field(default_factory=list)    # (member, why): the first SHOWN
-    skipped_count: int = 0
+    """What an unpack wrote: files and their bytes, and the members it skipped."""
+
+    def __init__(self):
+        self.files = 0
+        self.bytes = 0
+        self.skipped = []          # (member, why): the first SHOWN
+        self.skipped_count = 0
 
     def skip(self, name, why):
         self.skipped_count += 1

@@ -29,7 +29,6 @@ import io
 import json
 import os
 import re
-import secrets
 import shutil
 import stat
 import tempfile
@@ -124,7 +123,7 @@ def _drop(cache, digest, wrong):
     put back when what was moved is not the wrong file."""
     path = cached(cache, digest)
     aside = os.path.join(cache, "tmp", "%s.%d.%s.wrong" % (
-        digest[:16], os.getpid(), secrets.token_hex(4)))
+        digest[:16], os.getpid(), os.urandom(4).hex()))
     _folders(cache)
     try:
         os.rename(path, aside)
@@ -275,7 +274,7 @@ def _store(cache, digest, source, size, buf=None):
     view = memoryview(buf if buf is not None else bytearray(min(CHUNK, max(size, 1))))
     # Random, not the pid alone: hosts sharing the workdir share this directory too.
     tmp = os.path.join(cache, "tmp", "%s.%d.%s" % (
-        digest[:16], os.getpid(), secrets.token_hex(4)))
+        digest[:16], os.getpid(), os.urandom(4).hex()))
     fd = _create(tmp)
     try:
         hasher, left = hashlib.sha256(), size

@@ -9,9 +9,16 @@ order of the tasks in the header); the reader puts them back as the status's "da
 top-level "length" announces a body that follows the tasks' bytes; the reader puts it back as
 "body".
 """
+from __future__ import annotations
+
 import json
-from dataclasses import dataclass
-from typing import Any, Optional
+
+from deploy.host.records import Frozen, record
+
+# Names the annotations use: never evaluated, and a host's agent does not import typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 # A header is a few hundred bytes of task states or a request's words; past this it is not a
 # header. A request's body (a stage, a backup) comes from the controller; an answer's body and
@@ -24,8 +31,8 @@ MAX_BODY = 8 << 30
 PIECE = 1 << 20
 
 
-@dataclass(frozen=True)
-class Bounds:
+@record
+class Bounds(Frozen):
     """What a frame may carry: log bytes for the tasks named (`tasks`, at most `chunk` bytes
     each; any other task is refused before its bytes are read) and a body of at most `body`
     bytes. With `into` (begin(length), write(piece): a file on disk) the body goes there in

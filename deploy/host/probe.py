@@ -26,7 +26,7 @@ import time
 # The packages whose versions matter (the check compares them across hosts, inv setup shows
 # them), each with the distribution names it may be installed under: the first one found
 # counts, and the first one is what to install. The one table of them, read one way
-# (version_of), here and by inv setup (venv.py, which runs this file in an environment).
+# (versions), here and by inv setup (venv.py, which runs this file in an environment).
 PACKAGES = {
     "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos",
                    "tf-nightly", "tf-nightly-cpu"),
@@ -80,28 +80,44 @@ def normalized(name):
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def version_of(names, path=None):
-    """The installed version of the first of `names` found along `path`: from the names of
-    the metadata directories (`tensorflow-2.21.0.dist-info`), else the Version line inside
-    one named without it. Not importlib.metadata: importing it costs a twentieth of a second,
-    on each of many hosts."""
-    path = package_path() if path is None else path
-    listings = {}
+def versions(path=None):
+    """The installed version of each of PACKAGES (None: not installed) along `path` (default:
+    package_path()). Each directory is listed once, and each name in it normalized once: not
+    importlib.metadata, which costs a twentieth of a second to import, on each of many hosts."""
+    listed = distributions_along(package_path() if path is None else path)
+    return {key: version_of(names, listed) for key, names in PACKAGES.items()}
+
+
+def distributions_along(path):
+    """For each directory of `path`, in order: {normalized name: (version, metadata
+    directory)} of what is installed there, from the metadata directories' names
+    (`tensorflow-2.21.0.dist-info`); the first in sorted order counts."""
+    listed = []
+    for directory in path:
+        found = {}
+        try:
+            entries = sorted(os.listdir(directory or "."))
+        except OSError:
+            entries = []
+        for entry in entries:
+            stem, _, kind = entry.rpartition(".")
+            if kind in ("dist-info", "egg-info"):
+                dist, _, version = stem.partition("-")
+                found.setdefault(normalized(dist), (version, os.path.join(directory, entry)))
+        listed.append(found)
+    return listed
+
+
+def version_of(names, listed):
+    """The version of the first of `names` found in `listed` (distributions_along), in the
+    order of the path: from its metadata directory's name, else the Version line inside one
+    named without it."""
     for name in names:
         wanted = normalized(name)
-        for directory in path:
-            if directory not in listings:
-                try:
-                    listings[directory] = sorted(os.listdir(directory or "."))
-                except OSError:
-                    listings[directory] = []
-            for entry in listings[directory]:
-                stem, _, kind = entry.rpartition(".")
-                if kind not in ("dist-info", "egg-info"):
-                    continue
-                dist, _, version = stem.partition("-")
-                if normalized(dist) == wanted:
-                    return version or metadata_version(os.path.join(directory, entry))
+        for found in listed:
+            if wanted in found:
+                version, folder = found[wanted]
+                return version or metadata_version(folder)
     return None
 
 
@@ -251,7 +267,7 @@ def probe(workdir, count, data=None):
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "externally_managed": externally_managed(),
-        "versions": {key: version_of(names) for key, names in PACKAGES.items()},
+        "versions": versions(),
         "disk_path": base,
         "disk_free": st.f_bavail * st.f_frsize,
         "writable": os.access(base, os.W_OK | os.X_OK),
@@ -305,9 +321,12 @@ def reach(address, port, expect_host, nonce, deadline, attempt):
     """Connect until answered or the deadline: a peer's listener may start a moment later."""
     last = "no attempt"
     greeting = ("%s %s\n" % (HELLO, nonce)).encode()
+    # A host name given as text goes through the idna codec, which an agent would import for
+    # this alone (a twentieth of its start's CPU); an address is ASCII, given as bytes.
+    host = address.encode("ascii") if address.isascii() else address
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((address, port), timeout=min(
+            with socket.create_connection((host, port), timeout=min(
                     attempt, max(0.1, deadline - time.monotonic()))) as s:
                 s.settimeout(2.0)
                 s.sendall(greeting)
@@ -441,8 +460,7 @@ def mesh(spec, lines=None, say=None):
 
 def installed():
     """This python's version and those of PACKAGES (None: not installed)."""
-    return dict({key: version_of(names) for key, names in PACKAGES.items()},
-                python=sys.version.split()[0])
+    return dict(versions(), python=sys.version.split()[0])
 
 
 def main(argv):

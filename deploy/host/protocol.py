@@ -1,5 +1,5 @@
 """The wire between the controller and a host's agent (deploy/host/agent.py), both ways, as
-typed values: every request a dataclass with named fields (REQUESTS, by verb), and the answer
+typed values: every request a record with named fields (REQUESTS, by verb), and the answer
 type each one gets.
 
 A request travels as {"verb", "fields": {name: value}, "home": [...], "env": {...}} and is
@@ -19,13 +19,19 @@ ignored. Standard library only: it travels with the host package.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-from dataclasses import asdict, field
-from typing import Mapping, Optional, Tuple, Union, get_args, get_origin, get_type_hints
+import re
+from collections.abc import Mapping
 
-from deploy.host.records import Frozen, record
+from deploy.host.records import Frozen, asdict, field, record
+from deploy.host.records import fields as record_fields
+
+# Names the annotations use. Annotations here are never evaluated (their text is read where a
+# request is decoded, _parsed), and a host's agent does not import typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
 
 # A task's state as its host reports it (deploy/host/tasks.py statuses).
 STATES = ("pending", "running", "exited", "lost")
@@ -633,38 +639,69 @@ class HostRequest(Frozen):
 
     def fields(self):
         """The fields as they go on the wire: None left out, tuples as lists."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+        return {f.name: _plain(getattr(self, f.name)) for f in record_fields(self)
                 if getattr(self, f.name) is not None}
 
     @classmethod
     def decode(cls, doc):
         fields = Fields(doc, cls.verb, "fields", what="request")
-        hints = _hints(cls)
-        known = {f.name for f in dataclasses.fields(cls)}
+        checks = _checks(cls)
         for key in doc:
-            if key not in known:
+            if key not in checks:
                 raise fields.fail(key, "is not a field of %s" % cls.verb)
         values = {}
-        for f in dataclasses.fields(cls):
-            hint, optional = _unoptional(hints[f.name])
-            required = f.default is dataclasses.MISSING and \
-                f.default_factory is dataclasses.MISSING
-            if doc.get(f.name) is None:
-                if required and not (optional and f.name in doc):
-                    raise fields.fail(f.name, "is missing")
+        for name, (check, optional, required) in checks.items():
+            if doc.get(name) is None:
+                if required and not (optional and name in doc):
+                    raise fields.fail(name, "is missing")
                 continue
-            values[f.name] = _checker(hint)(fields, f.name, doc[f.name])
+            values[name] = check(fields, name, doc[name])
         return cls(**values)
 
 
-_HINTS = {}
+_CHECKS = {}
 
 
-def _hints(cls):
-    """A request class's field types, resolved once."""
-    if cls not in _HINTS:
-        _HINTS[cls] = get_type_hints(cls)
-    return _HINTS[cls]
+def _checks(cls):
+    """A request class's fields: {name: (the check of its value, whether None is allowed,
+    whether it must be given)}, made once from the fields' annotations as written."""
+    if cls not in _CHECKS:
+        _CHECKS[cls] = {}
+        for f in record_fields(cls):
+            hint, optional = _unoptional(_parsed(f.type))
+            _CHECKS[cls][f.name] = (_checker(hint), optional, f.required())
+    return _CHECKS[cls]
+
+
+def _parsed(annotation):
+    """An annotation as this module writes them (postponed: text), as (name, (arguments)):
+    `Optional[Tuple[int, ...]]` is ("Optional", (("Tuple", (("int", ()), ("...", ()))),)).
+    Read here rather than by typing.get_type_hints: importing typing, and evaluating every
+    class's hints, would cost each host's agent a tenth of its start."""
+    if not isinstance(annotation, str):
+        raise TypeError("annotation %r is not text: this module postpones its annotations"
+                        % (annotation,))
+    tokens = re.findall(r"\.\.\.|[A-Za-z_][\w.]*|\S", annotation)[::-1]
+
+    def node():
+        name = tokens.pop() if tokens else ""
+        if not re.fullmatch(r"\.\.\.|[A-Za-z_][\w.]*", name):
+            raise TypeError("cannot read annotation %r" % annotation)
+        args = []
+        if tokens and tokens[-1] == "[":
+            tokens.pop()
+            while True:
+                args.append(node())
+                separator = tokens.pop() if tokens else None
+                if separator == "]":
+                    break
+                if separator != ",":
+                    raise TypeError("cannot read annotation %r" % annotation)
+        return (name if name == "..." else name.rpartition(".")[2]), tuple(args)
+    parsed = node()
+    if tokens:
+        raise TypeError("cannot read annotation %r" % annotation)
+    return parsed
 
 
 def _plain(value):
@@ -677,24 +714,23 @@ def _plain(value):
 
 def _unoptional(hint):
     """(the hint without Optional, whether it was Optional)."""
-    args = get_args(hint)
-    if get_origin(hint) is Union and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return rest[0], True
+    name, args = hint
+    if name == "Optional" and len(args) == 1:
+        return args[0], True
     return hint, False
 
 
 def _checker(hint):
     """The check of a field's value by its type: text, integer, number, flag, a tuple (of
     one type, or of fixed types), a mapping of text to one type."""
-    simple = {str: _text, int: _integer, float: _number, bool: _flag}
-    if hint in simple:
-        return simple[hint]
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+    simple = {"str": _text, "int": _integer, "float": _number, "bool": _flag}
+    name, args = hint
+    if name in simple and not args:
+        return simple[name]
+    if name in ("Tuple", "tuple") and len(args) == 2 and args[1] == ("...", ()):
         items = _list_of(_checker(args[0]))
         return lambda f, key, value: tuple(items(f, key, value))
-    if origin is tuple:
+    if name in ("Tuple", "tuple") and args:
         checks = [_checker(a) for a in args]
 
         def fixed(f, key, value):
@@ -703,7 +739,7 @@ def _checker(hint):
             return tuple(check(f, "%s.%d" % (key, i), v)
                          for i, (check, v) in enumerate(zip(checks, value)))
         return fixed
-    if origin in (dict, Mapping) or getattr(origin, "__name__", "") == "Mapping":
+    if name in ("Mapping", "Dict", "dict") and len(args) == 2 and args[0] == ("str", ()):
         check = _checker(args[1])
 
         def mapping(f, key, value):

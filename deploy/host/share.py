@@ -9,7 +9,6 @@ inode; a copied workdir has another one).
 """
 import json
 import os
-import secrets
 
 from deploy.host.layout import FILESYSTEM, HOSTS, member_file
 from deploy.host.rundir import read_json, write_json_atomic
@@ -24,9 +23,9 @@ def filesystem_id(workdir):
     if not doc:
         # Written beside and linked into place: link() fails when another host was first,
         # and then that host's id is the one read (atomic on NFS too).
-        tmp = "%s.%s" % (path, secrets.token_hex(8))
+        tmp = "%s.%s" % (path, os.urandom(8).hex())
         with open(tmp, "w") as f:
-            json.dump({"id": secrets.token_hex(16), "inode": inode}, f)
+            json.dump({"id": os.urandom(16).hex(), "inode": inode}, f)
         try:
             os.link(tmp, path)
         except FileExistsError:

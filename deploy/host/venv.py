@@ -28,7 +28,6 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ class SetupError(HostError):
 def wanted(rundir):
     with open(in_run(rundir, REQUIREMENTS), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    return {"requirements_sha256": digest, "python": platform.python_version(),
+    return {"requirements_sha256": digest, "python": sys.version.split()[0],
             "base": os.path.realpath(sys.executable)}
 
 

@@ -3,7 +3,6 @@ deploy/run/hostchecks.py runs it. Every problem is a sentence that names the hos
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from deploy.host.probe import PACKAGES
 from deploy.host.protocol import (
     Connect, MeshCloseRequest, MeshDialRequest, MeshListenRequest, MeshResult, Probe, ProbeRequest
 )
+from deploy.host.records import asdict
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.plan.ports import PortsUnavailable, choose_ports, ports_to_probe
@@ -169,7 +169,7 @@ def gpu_lines(report: CheckReport) -> list[str]:
         if not c.probe.gpus:
             lines.append(f"{c.host.name}: no GPU ({c.probe.gpu_note or 'none listed'})")
         for gpu in c.probe.gpus:
-            busy = busy_reason(dataclasses.asdict(gpu))
+            busy = busy_reason(asdict(gpu))
             memory = "-" if gpu.memory_total is None else (
                 f"{'?' if gpu.memory_used is None else gpu.memory_used}/{gpu.memory_total} MiB")
             use = "-" if gpu.utilization is None else f"{gpu.utilization}%"

@@ -18,6 +18,7 @@ from deploy.host.protocol import (
     FollowRequest, GpuPlaceRequest, GpuReleaseRequest, LaunchRequest, PollRequest, PortsRequest,
     PushRequest, ReceiveRequest, ReplaceBackupRequest, StopRequest, TailRequest, TarOutRequest
 )
+from deploy.host.records import fields as record_fields
 from deploy.inventory.datasource import host_data_dir
 from deploy.inventory.model import CLUSTER_ROLES, EnvValue, Host, Inventory
 from deploy.plan.command import Command, HostPath, Request
@@ -268,7 +269,7 @@ def push_request(host: Host, rundir: str, tasks: tuple[str, ...]) -> Request:
 def receive_request(push: Request) -> Request:
     """The second half of a push (payload or data): its files, on the same channel."""
     receive = ReceiveRequest if isinstance(push.message, PushRequest) else DataReceiveRequest
-    fields = {f.name: getattr(push.message, f.name) for f in dataclasses.fields(push.message)}
+    fields = {f.name: getattr(push.message, f.name) for f in record_fields(push.message)}
     return Request(receive(**fields), body="the files the host lacks, each headed by its sha256")
 
 

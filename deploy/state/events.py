@@ -14,13 +14,12 @@ is carried as it came; each reporter shows it inert.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import ClassVar, ContextManager, Mapping, Optional, Protocol, Tuple
 
 from deploy.commandline import command
 from deploy.host.archive import size
-from deploy.host.records import Frozen, record
+from deploy.host.records import Frozen, asdict, record
 from deploy.plan.checks import CheckReport, rows
 from deploy.state.envprogress import HostProgress
 from deploy.state.progress import NewLines, TaskProgress
@@ -41,7 +40,7 @@ class Event(Frozen):
         return self.kind().replace("_", " ")
 
     def as_json(self) -> dict:
-        return {"event": self.kind(), **_plain(dataclasses.asdict(self))}
+        return {"event": self.kind(), **_plain(asdict(self))}
 
 
 def _plain(value):
@@ -106,7 +105,7 @@ class CheckReported(Event):
         return {"event": self.kind(), "ok": report.ok, "seconds": round(report.seconds, 3),
                 "hosts": [{"host": c.host.name, "cells": [str(x) for x in cells],
                            "problems": list(c.problems),
-                           "gpus": [dataclasses.asdict(g) for g in c.probe.gpus]
+                           "gpus": [asdict(g) for g in c.probe.gpus]
                            if c.probe else []}
                           for c, cells in zip(report.hosts, rows(report))],
                 "problems": list(report.all_problems)}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hostpkg
-from deploy.host.probe import version_of
+from deploy.host.probe import distributions_along, version_of
 from deploy.host.envkey import env_python
 from deploy.host.protocol import (
     Connect, MeshDialed, MeshListenRequest, MeshListening, MeshResult, PortsRequest, Probe,
@@ -531,11 +531,11 @@ def test_versions_are_read_from_the_metadata_directories_names(tmp_path):
                  "tensorflow_datasets-4.0.dist-info"):
         (tmp_path / name).mkdir()
     (tmp_path / "numpy.egg-info" / "PKG-INFO").write_text("Name: numpy\nVersion: 1.2.3\n\nbody\n")
-    path = [str(tmp_path / "missing"), str(tmp_path)]
-    assert version_of(("tensorflow", "tensorflow-cpu"), path) == "2.20.0"
-    assert version_of(("tf-keras",), path) == "2.21.0"
-    assert version_of(("numpy",), path) == "1.2.3"
-    assert version_of(("torch",), path) is None
+    listed = distributions_along([str(tmp_path / "missing"), str(tmp_path)])
+    assert version_of(("tensorflow", "tensorflow-cpu"), listed) == "2.20.0"
+    assert version_of(("tf-keras",), listed) == "2.21.0"
+    assert version_of(("numpy",), listed) == "1.2.3"
+    assert version_of(("torch",), listed) is None
 
 
 def test_the_agent_finds_the_packages_the_tasks_import(agent, tmp_path):

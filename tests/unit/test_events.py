@@ -4,7 +4,6 @@ and tables people read; orchestration (deploy/run/) prints nothing itself."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import io
 import json
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from deploy.console.reporter import ConsoleReporter, JsonReporter
+from deploy.host.records import replace
 from deploy.state import events as ev
 from deploy.state.progress import NewLines
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def summary(problems=()) -> ev.RunSummary:
     snap = ev.TaskSnapshot(0, "worker-0", "h1", 41, "exited", 0, 12.5, 3, 3, 0.7084,
                            {"accuracy": 0.718}, None, None, (1.0, 0.74, 0.7084))
-    return ev.RunSummary("r1", 0, (snap, dataclasses.replace(snap, index=1, name="worker-1")),
+    return ev.RunSummary("r1", 0, (snap, replace(snap, index=1, name="worker-1")),
                          16.3, True, tuple(problems), 2, "runs/r1/summary.json", 6,
                          "runs/r1/artifacts", "runs/r1/loss.png", "runs/r1/tensorboard")
 

@@ -68,6 +68,33 @@ def test_the_host_package_imports_only_the_standard_library_and_itself():
                 or name in ("deploy", "__future__"), f"{path.name} imports {name}"
 
 
+def run_time_imports(path: Path) -> set[str]:
+    """The top-level modules a file imports when it runs: all but those under
+    `if TYPE_CHECKING:`, which only readers and linters see."""
+    names = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+    visit(ast.parse(path.read_text(), str(path)))
+    return names
+
+
+def test_the_host_package_imports_neither_dataclasses_nor_inspect_nor_typing():
+    """Every host's agent imports the package at its start: dataclasses (with the inspect it
+    imports) would be a sixth of that start's CPU (records.py), typing and the evaluation of
+    the requests' annotations a tenth (protocol.py _parsed)."""
+    for path in sorted((DEPLOY / "host").glob("*.py")):
+        found = run_time_imports(path) & {"dataclasses", "inspect", "typing"}
+        assert not found, f"{path.name} imports {sorted(found)}"
+
+
 def test_lower_layers_never_import_higher_ones():
     known = set(sources())
     wrong = [f"{module} imports {other}" for module, path in sources().items()

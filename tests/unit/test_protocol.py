@@ -6,7 +6,6 @@ the controller's reader (deploy/cluster/hostagent.py) applies them where answers
 bounded by the request they answer."""
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -14,6 +13,7 @@ import threading
 
 import pytest
 
+from deploy.host import protocol
 from deploy.host.frames import Bounds, FrameError, read_frame
 from deploy.host.protocol import (
     REQUESTS, BackupFiles, BackupOutRequest, Beat, CleanupRequest, Connect, CreditRequest,
@@ -24,6 +24,7 @@ from deploy.host.protocol import (
     Pruned, PushRequest, Pushed, ReceiveRequest, ReplaceBackupRequest, SetupEvent, StopRequest,
     Stopped, TailRequest, TarOutRequest, TaskStatus, Tasks, Unpacked, decode_request, error_of
 )
+from deploy.host.records import MISSING, fields, is_record
 from deploy.inventory.model import Host
 from deploy.plan.command import HostPath, Request
 from deploy.cluster.hostagent import HostAgent, StepFailed
@@ -330,7 +331,7 @@ def at_home(value):
 def test_every_verb_has_a_request_type_and_one_sample():
     assert len(REQUESTS) >= 8
     assert sorted(type(r).verb for r in SAMPLES) == sorted(REQUESTS)
-    assert all(dataclasses.is_dataclass(cls) for cls in REQUESTS.values())
+    assert all(is_record(cls) for cls in REQUESTS.values())
 
 
 @pytest.mark.parametrize("request_", SAMPLES, ids=lambda r: r.verb)
@@ -338,7 +339,7 @@ def test_a_request_arrives_as_it_was_made_its_host_paths_at_the_hosts_home(reque
     got = decode_request(on_the_wire(request_))
     assert type(got) is type(request_)
     assert got == type(request_)(**{f.name: at_home(getattr(request_, f.name))
-                                    for f in dataclasses.fields(request_)})
+                                    for f in fields(request_)})
     if isinstance(request_, LaunchRequest):         # only the words that are paths
         assert got.argv[2:] == ("~/literal", "$(id)")
 
@@ -352,8 +353,7 @@ def request_mutations():
             changed = json.loads(json.dumps(doc))
             changed["fields"][name] = 7 if isinstance(value, (str, list, dict)) else "seven"
             yield request_.verb, name, changed
-            required = [f for f in dataclasses.fields(request_) if f.name == name and
-                        f.default is dataclasses.MISSING]
+            required = [f for f in fields(request_) if f.name == name and f.default is MISSING]
             if required:
                 del changed["fields"][name]
                 yield request_.verb, name, changed
@@ -389,3 +389,21 @@ def test_every_request_has_one_handler_on_the_host():
     from deploy.host.agent import HANDLERS, STREAMED
     assert set(HANDLERS) | set(STREAMED) == set(REQUESTS.values())
     assert not set(HANDLERS) & set(STREAMED)
+
+
+@pytest.mark.parametrize("annotation, parsed", [
+    ("int", ("int", ())),
+    ("typing.Optional[str]", ("Optional", (("str", ()),))),
+    ("Optional[Tuple[int, ...]]", ("Optional", (("Tuple", (("int", ()), ("...", ()))),))),
+    ("Mapping[str, Tuple[int, int]]",
+     ("Mapping", (("str", ()), ("Tuple", (("int", ()), ("int", ())))))),
+])
+def test_a_requests_annotation_is_read_from_its_text(annotation, parsed):
+    assert protocol._parsed(annotation) == parsed
+
+
+@pytest.mark.parametrize("annotation", ["Tuple[int", "Tuple[int]]", "Tuple[]", "Tuple[int;]",
+                                        "List[int]", "Mapping[int, str]", "Optional[]"])
+def test_an_annotation_without_a_check_is_refused(annotation):
+    with pytest.raises(TypeError, match="cannot read annotation|no check for"):
+        protocol._checker(protocol._unoptional(protocol._parsed(annotation))[0])
