@@ -666,10 +666,11 @@ def _checks(cls):
     """A request class's fields: {name: (the check of its value, whether None is allowed,
     whether it must be given)}, made once from the fields' annotations as written."""
     if cls not in _CHECKS:
-        _CHECKS[cls] = {}
+        checks = {}
         for f in record_fields(cls):
             hint, optional = _unoptional(_parsed(f.type))
-            _CHECKS[cls][f.name] = (_checker(hint), optional, f.required())
+            checks[f.name] = (_checker(hint), optional, f.required())
+        _CHECKS[cls] = checks
     return _CHECKS[cls]
 
 

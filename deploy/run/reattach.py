@@ -6,7 +6,6 @@ fresh launch (watch.py, finish.py), so a reattached run ends exactly like one ne
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -22,6 +21,7 @@ from deploy.run.signals import HungUp, exit_code
 from deploy.run.submitted import cancel, job, queued_row, show_output, shown_with_job, submitted_job
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
+from deploy.host.records import replace
 from deploy.state import localdir
 from deploy.state.events import (
     FollowStopped, RecordDamaged, Reporter, RunListed, RunNote, RunStatus, RunsListed, listed,
@@ -54,7 +54,7 @@ def _listed(local_dir: Path, record: RunRecord) -> RunListed:
     submission = submitted_job(local_dir)
     if not submission:
         return listed(record)
-    return dataclasses.replace(listed(record), state=shown_with_job(record, submission[0]))
+    return replace(listed(record), state=shown_with_job(record, submission[0]))
 
 
 def _readable(runs_dir: Path, reporter: Reporter) -> list[RunRecord]:
