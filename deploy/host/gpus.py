@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 
+from deploy.host.probe import socket_host
 from deploy.host.protocol import MAX_GPU_PROCESSES, MAX_GPUS
 
 QUERY_GPUS = ("--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu",
@@ -363,7 +364,8 @@ def interface_of(address):
     None: an interface's own address (its first IPv4 one, or any IPv6 one), a loopback address
     (all of 127.0.0.0/8 is the loopback interface's), else what `ip` says where installed."""
     try:                                   # a name: the address it has here
-        address = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0]
+        address = socket.getaddrinfo(socket_host(address), None,
+                                     proto=socket.IPPROTO_TCP)[0][4][0]
     except (OSError, IndexError):
         return None
     if ":" in address:

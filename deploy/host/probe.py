@@ -317,13 +317,18 @@ def serve(listener, port, host, nonce, counts, lock):
                 continue
 
 
+def socket_host(address):
+    """`address` as the socket calls should get it. A host given to them as text goes through
+    the idna codec, which an agent would import for this alone (a twentieth of its start's
+    CPU): an ASCII name or address is given as bytes, any other name as the text it is."""
+    return address.encode("ascii") if address.isascii() else address
+
+
 def reach(address, port, expect_host, nonce, deadline, attempt):
     """Connect until answered or the deadline: a peer's listener may start a moment later."""
     last = "no attempt"
     greeting = ("%s %s\n" % (HELLO, nonce)).encode()
-    # A host name given as text goes through the idna codec, which an agent would import for
-    # this alone (a twentieth of its start's CPU); an address is ASCII, given as bytes.
-    host = address.encode("ascii") if address.isascii() else address
+    host = socket_host(address)
     while time.monotonic() < deadline:
         try:
             with socket.create_connection((host, port), timeout=min(

@@ -32,10 +32,22 @@ def nothing_written(host) -> bool:
     return not Path(host.workdir).exists()
 
 
+def tree(host) -> dict[str, tuple[int, int]] | None:
+    """Every file and folder under a host's workdir with its size and modification time;
+    None when there is no workdir. The session's lab is shared, so earlier tests may have
+    left a workdir behind: a check must leave it as it found it."""
+    top = Path(host.workdir)
+    if not top.exists():
+        return None
+    return {str(p.relative_to(top)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [top, *top.rglob("*")]}
+
+
 def test_healthy_lab_passes_with_versions_in_the_table(ssh_lab, tmp_path):
     hosts = ssh_lab.hosts[:2]
     inventory = ssh_lab.write_inventory(tmp_path / "lab.yaml", hosts, per_host={
         hosts[1].name: {"workers": 2}})
+    before = [tree(h) for h in hosts]
     done = inv("check", "--hosts", str(inventory))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -46,7 +58,7 @@ def test_healthy_lab_passes_with_versions_in_the_table(ssh_lab, tmp_path):
             assert metadata.version(package) in row
         assert " ok " in row           # mesh and problems
     assert "all checks passed" in out
-    assert all(nothing_written(h) for h in hosts), "checking writes nothing on the hosts"
+    assert [tree(h) for h in hosts] == before, "checking writes nothing on the hosts"
 
 
 def test_nothing_listening_and_missing_python_are_named(tmp_path):

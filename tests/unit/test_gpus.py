@@ -154,3 +154,20 @@ def test_forward_env_passes_the_controllers_variables_masked(tmp_path, monkeypat
     assert {k: (v.value, v.secret) for k, v in host.env.items()} == {
         "NCCL_DEBUG": ("INFO", True), "NCCL_IB_DISABLE": ("0", False),
         "WANDB_API_KEY": ("s3cret", True)}
+
+
+def test_the_interface_of_a_loopback_address_and_name():
+    """NCCL_SOCKET_IFNAME for a host reached on loopback: an address of 127.0.0.0/8 and a name
+    that resolves to one are both the loopback interface's."""
+    loopback = gpus.interface_of("127.0.0.1")
+    assert loopback is not None
+    assert gpus.interface_of("127.0.0.5") == loopback
+    assert gpus.interface_of("localhost") == loopback         # /etc/hosts, not DNS
+
+
+def test_socket_calls_get_an_ascii_host_as_bytes():
+    """Given as text, a host goes through the idna codec, which an agent would import for it."""
+    from deploy.host.probe import socket_host
+    assert socket_host("127.0.0.1") == b"127.0.0.1"
+    assert socket_host("gpu-07.lab") == b"gpu-07.lab"
+    assert socket_host("bücher.lab") == "bücher.lab"
