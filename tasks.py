@@ -98,8 +98,8 @@ LOST_AFTER_HELP = ("seconds without a heartbeat from a host (its agent beats eve
                    "stopped (default: 10; 0: never)")
 
 MAX_FETCH_HELP = ("the most an archive from a host may unpack to: the chief's output, fetched "
-                  "into runs/<id>/artifacts, and the copy of its backup kept after each epoch; larger "
-                  f"ones are refused (e.g. 500MiB, 32GiB; default: {MAX_BYTES >> 30}GiB)")
+                  "into runs/<id>/artifacts, and the copy of its backup kept after each epoch; "
+                  f"larger ones are refused (e.g. 500MiB, 32GiB; default: {MAX_BYTES >> 30}GiB)")
 
 JSON_HELP = ("print what happens as JSON lines on stdout, one event per line, for scripts and "
              "CI (docs/events.md); nothing else goes to stdout, errors go to stderr")
@@ -601,11 +601,11 @@ def resume(c, run="", hosts="", runs_dir="runs", connect_timeout="10",
     """Start a run that ended without finishing again, from its last backup.
 
     A run that failed, lost a host, was interrupted or stopped with `inv down` goes on from the
-    copy of the chief's backup its controller kept after each epoch: the same payload, entry and arguments, on the hosts of --hosts or of
-    its record, its logs going on in the same run directory after an attempt marker. Refused
-    when the run finished, still runs, or kept no backup. With --detach it returns once the
-    run has started again, as `inv train --detach` does (with --restarts, handed to a
-    controller in the background).
+    copy of the chief's backup its controller kept after each epoch: the same payload, entry
+    and arguments, on the hosts of --hosts or of its record, its logs going on in the same run
+    directory after an attempt marker. Refused when the run finished, still runs, or kept no
+    backup. With --detach it returns once the run has started again, as `inv train --detach`
+    does (with --restarts, handed to a controller in the background).
 
     Exit status as `inv train`'s."""
     console, reporter = console_and_reporter(json)

@@ -395,8 +395,8 @@ def mesh(spec, lines=None, say=None):
     Driven by the controller (`driven` seconds at most, its commands arriving on the queue
     `lines`, answers given to `say`): listen on every port and say {"listening": ...}; on
     "dial", dial every target (each one for the window at most) and say {"dialed": ...};
-    on "close" (or None: the controller is gone, or the deadline) close and answer. Every host listens
-    before any host dials, however long the hosts took to start.
+    on "close" (or None: the controller is gone, or the deadline) close and answer. Every
+    host listens before any host dials, however long the hosts took to start.
 
     Not driven: dial at once, trying a refused port again until the window ends (a peer may
     start a moment later), and listen until every expected caller came or the window ends."""

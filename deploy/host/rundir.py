@@ -15,10 +15,11 @@ def read_json(path):
 
 
 def write_atomic(path, data):
-    """Write `data` (text or bytes) beside `path` and rename it into place: a reader sees the old file or the
-    new one. The temporary name is this writer's own (pid and random), so two writers of one
-    path (hosts sharing a workdir, two controllers sharing a runs directory) never rename each
-    other's half-written file; it ends in .tmp, never in the final name's suffix."""
+    """Write `data` (text or bytes) beside `path` and rename it into place: a reader sees the
+    old file or the new one. The temporary name is this writer's own (pid and random), so two
+    writers of one path (hosts sharing a workdir, two controllers sharing a runs directory)
+    never rename each other's half-written file; it ends in .tmp, never in the final name's
+    suffix."""
     tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
     try:
         with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:

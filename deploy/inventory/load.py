@@ -135,7 +135,8 @@ def parse_inventory(text: str, file: str, environ: Mapping[str, str]) -> Invento
     if defaults is None:
         defaults = {}
     if not isinstance(defaults, dict):
-        raise InventoryError(file, "must be a mapping", field="defaults", line=where.line("defaults"))
+        raise InventoryError(file, "must be a mapping", field="defaults",
+                             line=where.line("defaults"))
     for key, value in defaults.items():
         if key not in DEFAULT_FIELDS:
             raise InventoryError(file, _unknown(key, DEFAULT_FIELDS), field=f"defaults.{key}",
@@ -261,7 +262,8 @@ def _host(file: str, where: _Located, i: int, raw: dict, own: set,
         workers = gpus
     policy = raw.get("host_key_policy", "strict")
     if policy not in HOST_KEY_POLICIES:
-        raise fail("host_key_policy", f"must be one of {', '.join(HOST_KEY_POLICIES)}, not {policy!r}")
+        raise fail("host_key_policy",
+                   f"must be one of {', '.join(HOST_KEY_POLICIES)}, not {policy!r}")
     workdir = raw.get("workdir", "~/.tfdeploy")
     problem = workdir_problem(workdir)
     if problem:
@@ -398,7 +400,8 @@ def _gpus(raw: dict, fail) -> tuple[int, ...] | str | int | None:
 
 
 def workdir_problem(workdir: str) -> str | None:
-    """Why a workdir is unsafe to own, or None. Teardown deletes below it, so `/` and `~` are out."""
+    """Why a workdir is unsafe to own, or None. Teardown deletes below it, so `/` and `~` are
+    out."""
     if not workdir or "\0" in workdir or "\n" in workdir:
         return "must be a non-empty path"
     if not (workdir.startswith("/") or workdir == "~" or workdir.startswith("~/")):

@@ -88,7 +88,8 @@ def plan_text(plan: RunPlan) -> str:
                   f"  agent:  {agent_command(host).shown()}",
                   f"  push:   {hp.push.shown()}", f"  ports:  {hp.ports.shown()}"]
         if hp.env_python:
-            lines.append(f"  python: {hp.env_python} if `{command('setup')}` built it, else {host.python} "
+            lines.append(f"  python: {hp.env_python} if `{command('setup')}` built it, "
+                         f"else {host.python} "
                          f"({HOST_KEY_SHOWN}: of the host's Python build, machine and libc, "
                          "resolved on the host)")
         lines += data_lines(hp)

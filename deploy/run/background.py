@@ -5,8 +5,8 @@ checks are seen where they were typed), then hands the launched run to a control
 own: this module run as a program (`python -m deploy.run.background`), in a session of its
 own, with no terminal (stdin from /dev/null once it has read the hosts' env values from it,
 which a relaunch needs and the record never holds; its output in runs/<id>/controller.log),
-so that a closed terminal does not reach it. It follows the run as `inv logs --follow` does, but with
-`--restarts` (watch.py, restarts.py), and ends it (finish.py): the record then says how.
+so that a closed terminal does not reach it. It follows the run as `inv logs --follow` does,
+but with `--restarts` (watch.py, restarts.py), and ends it (finish.py): the record then says how.
 
 It lives on this machine: shutting it down or suspending it stops the supervision, not the
 tasks (they go on, unsupervised, for a later `inv logs --follow` or `inv down`).

@@ -44,7 +44,8 @@ def run_checks(inventory: Inventory, session: Session,
     checks = [HostCheck(h) for h in inventory.hosts]
     for c in checks:
         if c.host.name not in session.agents:
-            c.problems.append((unreachable or {}).get(c.host.name, f"{c.host.label}: not connected"))
+            c.problems.append((unreachable or {}).get(c.host.name,
+                                                      f"{c.host.label}: not connected"))
     connected = [c for c in checks if c.host.name in session.agents]
     ask = probe_asker(requirements_sha256)
     answers, errors = gather({c.host.name: session.first_replies.pop(c.host.name, None)
@@ -62,7 +63,8 @@ def run_checks(inventory: Inventory, session: Session,
     if port_problem:
         report.problems.append(port_problem)
     elif probed:
-        answers, errors = probe_mesh(probed, session.agents, mesh_specs(probed, secrets.token_hex(8)))
+        answers, errors = probe_mesh(probed, session.agents,
+                                     mesh_specs(probed, secrets.token_hex(8)))
         judge_mesh(probed, answers, errors)
         mark("mesh")
     report.seconds = time.monotonic() - started

@@ -153,7 +153,8 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
         # Its controller ended while launching: some tasks may never have started, and a
         # follower would wait for them forever.
         raise RecordError(f"run {record.run_id} was never fully started (its controller ended "
-                          f"during the launch): stop it with {command('down')} --run {record.run_id}")
+                          f"during the launch): stop it with {command('down')} "
+                          f"--run {record.run_id}")
     lock = FollowLock(local_dir)
     if not lock.acquire() and not follow:
         # The controller following the run keeps the local copy current: show that.

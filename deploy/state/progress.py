@@ -158,7 +158,8 @@ class TaskProgress:
 
     def new_attempt(self) -> None:
         """The task is launched again (--restarts): a fresh state, the same log and offset."""
-        self.state, self.code, self.pid, self.started, self.ended = "pending", None, None, None, None
+        self.state, self.code = "pending", None
+        self.pid, self.started, self.ended = None, None, None
         self.first_step = False
 
     def feed(self, data: bytes) -> NewLines:

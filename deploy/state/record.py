@@ -306,7 +306,8 @@ def find_run(runs_dir: Path, run_id: str | None,
             return runs_dir / matches[0]
         if matches:
             raise RecordError(f"run {run_id!r} is ambiguous in {runs_dir}: {', '.join(matches)}")
-        raise RecordError(f"no run {run_id!r} in {runs_dir} (see: {command('runs')} --runs-dir {runs_dir})")
+        raise RecordError(f"no run {run_id!r} in {runs_dir} "
+                          f"(see: {command('runs')} --runs-dir {runs_dir})")
     if not records:
         raise RecordError(f"no runs recorded in {runs_dir}")
     return runs_dir / records[-1].run_id

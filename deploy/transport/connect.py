@@ -8,7 +8,8 @@ from deploy.transport.slurm import SlurmTransport
 from deploy.transport.ssh import SshTransport
 
 
-def connect(host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Transport:
+def connect(host: Host, connect_timeout: float = 10.0,
+            accept_new_host_keys: bool = False) -> Transport:
     if host.transport == "local":
         return LocalTransport(host)
     if host.transport == "slurm":

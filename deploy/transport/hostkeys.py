@@ -162,7 +162,8 @@ class OpenSshCheck(paramiko.MissingHostKeyPolicy):
                 f"{self.where}: known_hosts trusts a certificate authority for {self.name} "
                 f"({authorities[0].where}), and tfdeploy cannot check host certificates; "
                 f"record the host's own key ({key.get_name()} {offered}) with: "
-                f"{keyscan_hint(self.hop, self.user_files[0] if self.user_files else '<file>', self.scan_from)}")
+                + keyscan_hint(self.hop, self.user_files[0] if self.user_files else "<file>",
+                               self.scan_from))
         if self.accept_new and self.user_files:
             _record(Path(self.user_files[0]), self.name, key)
             return

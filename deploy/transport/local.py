@@ -10,7 +10,9 @@ import subprocess
 import tempfile
 
 from deploy.inventory.model import Host
-from deploy.transport.base import LINE_LIMIT, PRIVATE, CommandResult, LineStream, Stdin, TransportError, pieces
+from deploy.transport.base import (
+    LINE_LIMIT, PRIVATE, CommandResult, LineStream, Stdin, TransportError, pieces
+)
 
 # sshd's PATH for a session where the environment names none.
 LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -101,7 +103,8 @@ class LocalTransport:
                                   capture_output=True, env=self.environment(),
                                   timeout=timeout, cwd=os.path.expanduser("~"))
         except subprocess.TimeoutExpired:
-            raise TransportError(f"{self.host.label}: command timed out after {timeout:g} s") from None
+            raise TransportError(
+                f"{self.host.label}: command timed out after {timeout:g} s") from None
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
     def stream(self, line: str) -> LineStream:

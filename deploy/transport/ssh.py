@@ -7,7 +7,10 @@ from contextlib import contextmanager
 import paramiko
 
 from deploy.inventory.model import Host
-from deploy.transport.base import LINE_LIMIT, OUTPUT_LIMIT, PRIVATE, CommandResult, LineStream, LoginFailed, Stdin, TransportError, pieces
+from deploy.transport.base import (
+    LINE_LIMIT, OUTPUT_LIMIT, PRIVATE, CommandResult, LineStream, LoginFailed, Stdin,
+    TransportError, pieces
+)
 from deploy.transport.login import HostLogin
 
 
@@ -147,7 +150,8 @@ class SshStream:
 class SshTransport:
     """One SSH login per host, reused for every step (login.py: gateways, keys)."""
 
-    def __init__(self, host: Host, connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
+    def __init__(self, host: Host, connect_timeout: float = 10.0,
+                 accept_new_host_keys: bool = False):
         self.host = host
         try:
             self.login = HostLogin(host, connect_timeout,

@@ -59,6 +59,7 @@ def test_the_second_file_is_read_and_the_alias_is_the_name(tmp_path, keys):
     ("[10.0.0.5]:2222 {k1}", "HOST KEY CHANGED for [10.0.0.5]:2222: {kh}:1 has"),
     ("@revoked [10.0.0.5]:2222 {k0}", "REVOKED ({kh}:1)"),
     ("@cert-authority [10.0.0.*]:2222 {k1}", "trusts a certificate authority"),
+    ("@cert-authority [10.0.0.*]:2222 {k1}", "with: ssh-keyscan -p 2222 10.0.0.5 >> {kh}"),
 ])
 def test_what_is_refused(tmp_path, keys, text, words):
     k0, k1 = (f"{k.get_name()} {k.get_base64()}" for k in keys)

@@ -171,3 +171,11 @@ def test_test_files_are_named_apart():
     one run."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+def test_the_tools_lines_fit_a_side_by_side_diff():
+    """deploy/ and tasks.py keep to 100 columns: read in a terminal beside another file."""
+    long = [f"{path.relative_to(ROOT)}:{n}"
+            for path in [ROOT / "tasks.py", *sorted(DEPLOY.rglob("*.py"))]
+            for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
+    assert long == []
