@@ -25,12 +25,17 @@ def sources() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(DEPLOY.rglob("*.py"))}
 
 
-def imported(path: Path) -> set[str]:
+def imported(path: Path, at_run_time: bool = False) -> set[str]:
     """Every module an import statement names (anywhere in the file, not just at the top),
-    relative imports resolved."""
+    relative imports resolved. `at_run_time`: all but those under `if TYPE_CHECKING:`, which
+    only readers and linters see."""
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+
+    def visit(node: ast.AST) -> None:
+        if at_run_time and isinstance(node, ast.If) and \
+                getattr(node.test, "id", "") == "TYPE_CHECKING":
+            return
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -40,6 +45,9 @@ def imported(path: Path) -> set[str]:
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+    visit(ast.parse(path.read_text(), str(path)))
     return names
 
 
@@ -68,30 +76,13 @@ def test_the_host_package_imports_only_the_standard_library_and_itself():
                 or name in ("deploy", "__future__"), f"{path.name} imports {name}"
 
 
-def run_time_imports(path: Path) -> set[str]:
-    """The top-level modules a file imports when it runs: all but those under
-    `if TYPE_CHECKING:`, which only readers and linters see."""
-    names = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            return
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names.add(node.module.split(".")[0])
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-    visit(ast.parse(path.read_text(), str(path)))
-    return names
-
-
 def test_the_host_package_imports_neither_dataclasses_nor_inspect_nor_typing():
     """Every host's agent imports the package at its start: dataclasses (with the inspect it
     imports) would be a sixth of that start's CPU (records.py), typing and the evaluation of
     the requests' annotations a tenth (protocol.py _parsed)."""
     for path in sorted((DEPLOY / "host").glob("*.py")):
-        found = run_time_imports(path) & {"dataclasses", "inspect", "typing"}
+        top = {name.split(".")[0] for name in imported(path, at_run_time=True)}
+        found = top & {"dataclasses", "inspect", "typing"}
         assert not found, f"{path.name} imports {sorted(found)}"
 
 
