@@ -146,17 +146,12 @@ class HostAgent:
     def ask(self, request: Request, step: str, body: Body = b"",
             files: Iterable[bytes] | None = None,
             on_frame: Callable[[Answer], None] | None = None,
-            on_end: Callable[[Reply], None] | None = None, into=None,
-            after: Reply | None = None, **env: str) -> Reply:
+            on_end: Callable[[Reply], None] | None = None, into=None, **env: str) -> Reply:
         """Send `request` (with `body`, or followed by the stream `files`) and return its
         Reply at once. `into`: where the answer's body (an archive) goes (session.py
-        BodyFile); an answer to any other request carries none. `after`: a payload push's
-        stage on this channel, behind which the host runs the request, and only where that
-        stage assembled the payload (deploy/host/agent.py Staged)."""
+        BodyFile); an answer to any other request carries none."""
         reply = Reply(self, step, request, on_frame, on_end, into)
         header = request.wire(**env)
-        if after is not None:
-            header["after"] = after.number
         size = body_size(body)
         if size:
             header["length"] = size

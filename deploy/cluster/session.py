@@ -204,22 +204,18 @@ class Session:
 
     def ask_each(self, step: str, plans: Iterable[HostPlan], request: Callable[[HostPlan], Request],
                  timeout: float, body: Callable[[HostPlan], Body] = lambda hp: b"",
-                 sent: Callable[[dict[str, Reply]], None] = lambda replies: None,
                  ) -> tuple[dict, dict[str, BaseException]]:
         """Ask every host, then wait for every answer until one deadline for the whole step:
-        (answers, errors) by host name. `sent` is given the replies (by host name) once every
-        request has gone, before any answer is awaited."""
+        (answers, errors) by host name."""
         replies = {hp.host.name: self.agents[hp.host.name].ask(request(hp), step, body(hp))
                    for hp in plans}
-        sent(replies)
         return gather(replies, timeout)
 
     def ask_all(self, step: str, plans: Iterable[HostPlan], request: Callable[[HostPlan], Request],
                 timeout: float, body: Callable[[HostPlan], Body] = lambda hp: b"",
-                sent: Callable[[dict[str, Reply]], None] = lambda replies: None,
                 ) -> dict:
         """Like ask_each, but raise one HostsFailed naming every failure."""
-        answers, errors = self.ask_each(step, plans, request, timeout, body, sent)
+        answers, errors = self.ask_each(step, plans, request, timeout, body)
         if errors:
             raise HostsFailed(step, errors)
         return answers
@@ -229,7 +225,6 @@ class Session:
              content: Callable[[HostPlan, frozenset[str]], Iterable[bytes]],
              on_answers: Callable[[dict[str, dict]], None] = lambda answers: None,
              group: Callable[[HostPlan], Hashable] = lambda hp: "",
-             staged: Callable[[dict[str, Reply]], None] = lambda replies: None,
              ) -> dict[str, dict]:
         """Two requests per host: the stage (its helper and manifest; for the payload also
         small recent files) is answered with the file contents the host's cache still lacks;
@@ -240,11 +235,9 @@ class Session:
 
         Hosts that share a workdir (and `group`: for data, the same tree) are sent the files
         once: the others wait for that push to end, then get an empty stream and find payload/
-        (or the cached files) there. Each answer keeps the filesystem id it named. `staged` is
-        given the stages' replies (by host name) as soon as they are sent: what it sends a
-        host behind its stage runs there once the stage has assembled the payload."""
+        (or the cached files) there. Each answer keeps the filesystem id it named."""
         wants = {name: want.document() for name, want in
-                 self.ask_all(f"{what} push", plans, request, 120, stage, staged).items()}
+                 self.ask_all(f"{what} push", plans, request, 120, stage).items()}
         by_name = {hp.host.name: hp for hp in plans}
         groups = filesystem_groups({name: want.get("filesystem") for name, want in wants.items()},
                                    lambda name: group(by_name[name]))
@@ -295,29 +288,16 @@ class Session:
         return self.agents[host].ask(Request(PortsFreeRequest(ports)),
                                      "probing ports").wait(60).ports
 
-    def send_launches(self, plan: RunPlan, attempt: int = 1, only: int | None = None,
-                      after: Mapping[str, Reply] | None = None) -> dict[tuple[str, int], Reply]:
-        """Ask every host to start its tasks (or the task of index `only`, relaunched in place),
-        each behind its host's payload stage in `after` where there is one: the replies by
-        (host name, task index). The attempt (1, then 2... under --restarts) also tells the
-        agent to set the previous attempt's files aside and mark the log."""
+    def launch(self, plan: RunPlan, attempt: int = 1, only: int | None = None) -> None:
+        """Start every task (or the task of index `only`, relaunched in place). The attempt
+        (1, then 2... under --restarts) also tells the agent to set the previous attempt's
+        files aside and mark the log."""
         replies = {}
         for hp in plan.hosts:
             for task in hp.tasks:
                 if only is None or task.index == only:
                     replies[(hp.host.name, task.index)] = self.agents[hp.host.name].ask(
-                        task.launch, f"starting {task.name}",
-                        after=(after or {}).get(hp.host.name), TFDEPLOY_ATTEMPT=str(attempt))
-        return replies
-
-    def launch(self, plan: RunPlan, attempt: int = 1, only: int | None = None,
-               sent: Mapping[tuple[str, int], Reply] | None = None) -> None:
-        """Start every task (or the task of index `only`), as send_launches, and wait until
-        each has started. `sent`: launches already on their way (by host name and task
-        index): the hosts among them are not asked again."""
-        replies = dict(sent or {})
-        replies.update(self.send_launches(plan.without({name for name, _ in replies}),
-                                          attempt, only))
+                        task.launch, f"starting {task.name}", TFDEPLOY_ATTEMPT=str(attempt))
         _, errors = gather(replies, 60)
         if errors:
             raise HostsFailed("starting tasks", {name: error for (name, _), error in

@@ -1,18 +1,15 @@
 """The agent: one Python process per host per run, started once on the run's one channel (an
 SSH session, or a pipe for `transport: local`), that takes every later step as a request.
 
-Requests come on stdin as frames (frames.py): {"id", "verb", "fields", "home", "env", "after"}
-and a body, each decoded into its typed request (protocol.py) and handed to the handler of its
-type (HANDLERS). Each is answered by frames carrying its "id": the verb's document, or
+Requests come on stdin as frames (frames.py): {"id", "verb", "fields", "home", "env"} and a
+body, each decoded into its typed request (protocol.py) and handed to the handler of its type
+(HANDLERS). Each is answered by frames carrying its "id": the verb's document, or
 {"error": ...}; a follow answers with a frame per change and then {"end": true}. Every BEAT
 seconds the agent also sends {"beat": ...}, whatever else it is doing, so the controller can
 tell a host that stopped answering from one with nothing to say.
 
 Requests run in threads of their own, so that a stop is never queued behind a slow step; only
-`receive` runs in the reading thread, because its files follow it on the same stdin. A frame
-with "after" (the id of a payload push on this channel) runs once that push's stage has ended,
-and only where the stage assembled payload/ (Staged): a run's launches travel right behind
-its stage, which spares an unchanged payload a round trip to every host. When
+`receive` runs in the reading thread, because its files follow it on the same stdin. When
 stdin ends (the controller is gone) the agent ends; the tasks it started run in sessions of
 their own and go on.
 """
@@ -94,38 +91,12 @@ class Call:
         self.agent.channel.send(dict(doc, id=self.id), chunks)
 
 
-class Staged:
-    """A payload push's stage as the requests sent behind it see it: whether it has ended, and
-    whether it assembled payload/ (the cache held every file). Where it did not, the files
-    still have to come, and what was sent behind it is refused: the controller, which reads
-    the same answer, asks again once they came."""
-
-    def __init__(self):
-        self.ended, self.assembled = threading.Event(), False
-
-    def stage(self, work):
-        try:
-            answer = work()
-            self.assembled = answer.get("assembled") is True
-            return answer
-        finally:
-            self.ended.set()
-
-    def behind(self, work):
-        self.ended.wait()
-        if not self.assembled:
-            raise HostError("not run: the payload push it was sent behind did not assemble "
-                            "payload/")
-        return work()
-
-
 class Agent:
-    """What lives between requests: the channel, the mesh probe being driven, the credits of
-    each running follow (by the follow's request id), and each payload push's stage (by its
-    request id) for the requests sent behind it."""
+    """What lives between requests: the channel, the mesh probe being driven, and the
+    credits of each running follow (by the follow's request id)."""
 
     def __init__(self, channel, keep_code=None):
-        self.channel, self.follows, self.stages = channel, {}, {}
+        self.channel, self.follows = channel, {}
         # Writes the package's compiled code into the host's cache (boot.py); once, at the
         # first push: the checks have allowed writing there by then.
         self.keep_code = keep_code
@@ -401,21 +372,6 @@ def respond(frame, channel, work):
     return "error" not in doc
 
 
-def ordered(agent, call, after, handler):
-    """The work of `call`: its handler, behind the stage named by `after` when there is one
-    (None when it names none of this channel's); a payload push's stage kept for those sent
-    behind it."""
-    def work():
-        return handler(call)
-    if isinstance(call.request, PushRequest):
-        staged = agent.stages[call.id] = Staged()
-        return lambda: staged.stage(work)
-    if after is None:
-        return work
-    staged = agent.stages.get(after) if type(after) is int else None
-    return None if staged is None else lambda: staged.behind(work)
-
-
 def serve(stdin, stdout, keep_code=None):
     # Nothing the tool makes on a host is for other users' eyes: run dirs, logs, the cache.
     os.umask(0o077)
@@ -446,11 +402,8 @@ def serve(stdin, stdout, keep_code=None):
             if not respond(frame, channel, lambda: receive(call, stdin)):
                 break
             continue
-        work = ordered(agent, call, frame.get("after"), HANDLERS[type(call.request)])
-        if work is None:
-            respond(frame, channel, lambda: {"error": "after: no payload push of this "
-                                             "channel has that id"})
-            continue
-        threading.Thread(target=respond, daemon=True, args=(frame, channel, work)).start()
+        handler = HANDLERS[type(call.request)]
+        threading.Thread(target=respond, daemon=True,
+                         args=(frame, channel, lambda c=call, h=handler: h(c))).start()
     sys.stdout.flush()
     os._exit(0)

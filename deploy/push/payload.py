@@ -12,7 +12,6 @@ from deploy.plan.checks import room_problem
 from deploy.plan.planner import HostPlan, RunPlan
 from deploy.push.bundle import FileEntry, FileStream, SharedStreams, manifest, stage_tar
 from deploy.push.hashcache import HashCache
-from deploy.cluster.hostagent import Reply
 from deploy.cluster.session import Session
 
 # What a push shows while it works: a step's text for as long as it runs (an object whose
@@ -111,11 +110,9 @@ class PayloadPush:
         return (f"payload: {len(changed)} of {len(self.files)} file(s) changed "
                 f"({size_text(size)}) → {receivers} of {len(answers)} host(s){shared}")
 
-    def send(self, session: Session, plan: RunPlan, status: Status, tell: Tell,
-             staged: Callable[[dict[str, Reply]], None] = lambda replies: None) -> dict:
+    def send(self, session: Session, plan: RunPlan, status: Status, tell: Tell) -> dict:
         """Push to every host in parallel; returns a record of what each host was sent.
-        `status` shows a step while it runs, `tell` says what the hosts lacked; `staged` is
-        Session.push's."""
+        `status` shows a step while it runs, `tell` says what the hosts lacked."""
         with status(f"payload: {len(self.files)} file(s), {size_text(self.total_bytes)}; "
                     f"asking {len(plan.hosts)} host(s) what they lack…") as shown:
             def on_answers(answers: dict[str, dict]) -> None:
@@ -125,6 +122,6 @@ class PayloadPush:
                 shown.update("payload: sending and assembling on every host…")
             answers = session.push(list(plan.hosts), "payload", lambda hp: hp.push,
                                    lambda hp: self.stage, lambda hp, wanted: self.content(wanted),
-                                   on_answers, staged=staged)
+                                   on_answers)
         self.hashes.save()
         return {"files": len(self.files), "bytes": self.total_bytes, "hosts": answers}

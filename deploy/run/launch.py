@@ -36,7 +36,6 @@ from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings, load_local_logs
 from deploy.run.signals import Abandoned, HungUp
 from deploy.run.watch import follow_to_end
-from deploy.cluster.hostagent import Reply
 from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.events import (
@@ -75,13 +74,11 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
     prepared, checked_ports = on_gpus(prepared, session, settings, reporter, checked_ports)
     run = start_records(prepared, session, settings, reporter, resuming)
     with ending(run, settings) as end:
-        settle_ports(run, checked_ports, settings)
-        # A resumed run's backup goes to every host before anything starts there.
-        launching = push(run, prepared, launch_behind=resuming is None)
+        push(run, prepared)
         mark("push")
         if resuming is not None:
             carry_kept_backup(run, resuming)
-        launch(run, launching)
+        launch(run, checked_ports, settings)
         mark("launch")
         end.launched = True
         if settings.detach and settings.restarts:
@@ -227,32 +224,15 @@ def ending(run: Run, settings: RunSettings) -> Iterator[Ending]:
             lock.release()
 
 
-def push(run: Run, prepared: Prepared, launch_behind: bool
-         ) -> dict[tuple[str, int], Reply]:
-    """The payload, then the data, to every host; what each host was sent, kept.
-
-    With `launch_behind` and no data to follow, the launches go right behind each host's
-    payload stage, and a host whose cache holds the whole payload starts its tasks at once:
-    an unchanged payload's push and launch cost one round trip instead of two. Returns those
-    launches, by host name and task index; a host that still lacked files refused them, and
-    is asked again once they came (launch)."""
+def push(run: Run, prepared: Prepared) -> None:
+    """The payload, then the data, to every host; what each host was sent, kept."""
     status, tell = run.reporter.status, lambda line: run.reporter.emit(Pushed(line))
-    with_data = any(hp.data_dir for hp in run.plan.hosts)
-    stages: dict[str, Reply] = {}
-    launches: dict[tuple[str, int], Reply] = {}
-
-    def staged(replies: dict[str, Reply]) -> None:
-        if launch_behind and not with_data:
-            stages.update(replies)
-            launches.update(run.session.send_launches(run.plan, run.attempt, after=replies))
-    pushed = prepared.payload.send(run.session, run.plan, status, tell, staged)
+    pushed = prepared.payload.send(run.session, run.plan, status, tell)
     run.filesystems = {name: answer.get("filesystem") for name, answer in pushed["hosts"].items()}
     write_json(run.dir / localdir.PUSH, pushed)
-    if with_data:
+    if any(hp.data_dir for hp in run.plan.hosts):
         write_json(run.dir / localdir.DATA,
                    prepared.data.send(run.session, run.plan, status, tell))
-    assembled = {name for name, reply in stages.items() if reply.answer.assembled}
-    return {key: reply for key, reply in launches.items() if key[0] in assembled}
 
 
 def carry_kept_backup(run: Run, resuming: Resuming) -> None:
@@ -265,11 +245,11 @@ def carry_kept_backup(run: Run, resuming: Resuming) -> None:
                                  lambda line: run.reporter.emit(ArchiveNote(line)))
 
 
-def settle_ports(run: Run, checked_ports: Mapping[str, list[int]] | None,
-                 settings: RunSettings) -> None:
-    """The ports (the checks' or probed now) and the final plan, kept before any task can
-    start: whoever finds the run later (`inv down`, `inv logs`) reads its ports there."""
-    with run.reporter.status("choosing ports…"):
+def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
+           settings: RunSettings) -> None:
+    """The ports (the checks' or probed now), the final plan, then every task started."""
+    reporter = run.reporter
+    with reporter.status("choosing ports…"):
         ports = (task_ports(run.plan.tasks, checked_ports) if checked_ports
                  else run.session.free_ports(run.plan))
         run.plan = run.plan.with_ports(ports)
@@ -277,15 +257,10 @@ def settle_ports(run: Run, checked_ports: Mapping[str, list[int]] | None,
     write_record(run.dir, RunRecord.of(run.plan, RunState.STARTING, run.started,
                                        run.log_starts, restarts=settings.restarts,
                                        attempt=run.attempt))
-
-
-def launch(run: Run, sent: Mapping[tuple[str, int], Reply]) -> None:
-    """Every task started: those `sent` behind their host's payload stage (push), the rest
-    asked now."""
-    with run.reporter.status(f"starting {len(run.plan.tasks)} task(s)…"):
-        run.session.launch(run.plan, attempt=run.attempt, sent=sent)
-    run.reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,
-                                   tuple(t.endpoint for t in run.plan.tasks)))
+    with reporter.status(f"starting {len(run.plan.tasks)} task(s)…"):
+        run.session.launch(run.plan, attempt=run.attempt)
+    reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,
+                               tuple(t.endpoint for t in run.plan.tasks)))
 
 
 def follow(run: Run, settings: RunSettings) -> None:

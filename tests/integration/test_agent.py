@@ -36,10 +36,9 @@ from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import (
     Options, cleanup_request, credit_request, fetch_backup_request, fetch_output_request,
-    follow_request, plan_run, poll_request, receive_request, replace_backup_request,
-    stop_request
+    follow_request, plan_run, poll_request, replace_backup_request, stop_request
 )
-from deploy.push.payload import INLINE_BYTES, PayloadPush
+from deploy.push.payload import PayloadPush
 from deploy.run.follow import Followers
 from deploy.cluster.hostagent import HostAgent, StepFailed
 from deploy.transport.local import LocalTransport
@@ -537,64 +536,6 @@ def test_a_planned_launch_runs_with_hostile_args_and_env(tmp_path, run_id):
     finally:
         agent.close()
         transport.close()
-
-
-def test_launches_sent_behind_a_stage_run_only_where_it_assembled_the_payload(tmp_path, run_id):
-    """A launch sent behind its host's payload stage (`after`) waits for the stage, and runs
-    only where the stage assembled payload/: where files were missing it is refused and
-    nothing starts; once they came, a launch asked again starts the task. A second run of
-    the same payload (all of it cached) starts behind its stage."""
-    payload = tmp_path / "payload"
-    payload.mkdir()
-    (payload / "train.py").write_text("print('ran')\n")
-    (payload / "weights.bin").write_bytes(b"w" * (INLINE_BYTES + 1))    # too big to ride along
-    inventory = parse_inventory(
-        f"hosts:\n  - {{name: h, transport: local, workdir: '{tmp_path / 'work'}', "
-        f"python: '{sys.executable}'}}\n", "h.yaml", environ={})
-    (host,) = inventory.hosts
-    transport = LocalTransport(host)
-    agent = HostAgent(host, transport)
-    second = f"{run_id[:-6]}{uuid.uuid4().hex[:6]}"
-    try:
-        for rid, cached in ((run_id, False), (second, True)):
-            plan = plan_run(inventory, Options(payload=str(payload)), rid, {0: 23456})
-            (hp,) = plan.hosts
-            (task,) = hp.tasks
-            push = PayloadPush(payload, "train.py", rid)
-            stage = agent.ask(hp.push, "push", push.stage)
-            behind = agent.ask(task.launch, "launch", after=stage)
-            staged = stage.wait(60)
-            rundir = Path(hp.run_dir)
-            if cached:
-                assert staged.assembled is True and staged.missing == ()
-                behind.wait(30)
-            else:
-                assert staged.assembled is None and len(staged.missing) == 1
-                with pytest.raises(StepFailed, match="did not assemble payload/"):
-                    behind.wait(30)
-                assert not (rundir / "payload").exists()
-                assert not list(rundir.glob("worker-0.*"))          # nothing started
-                agent.ask(receive_request(hp.push), "receive",
-                          files=push.content(frozenset(staged.missing))).wait(60)
-                agent.ask(task.launch, "launch").wait(30)
-            status = None
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                status = agent.ask(poll_request(hp.run_dir, {"0": 0}), "poll").wait(30)
-                status = status.tasks["0"]
-                if status.state == "exited":
-                    break
-                time.sleep(0.05)
-            assert (status.state, status.code, status.data) == ("exited", 0, b"ran\n")
-        # A request behind what is no payload push of this channel is refused.
-        polled = agent.ask(poll_request(hp.run_dir, {"0": 0}), "poll")
-        polled.wait(30)
-        with pytest.raises(StepFailed, match="after: no payload push"):
-            agent.ask(task.launch, "launch", after=polled).wait(30)
-    finally:
-        agent.close()
-        transport.close()
-        kill_run(second)
 
 
 def test_a_relaunch_sets_the_previous_attempt_aside_and_marks_the_log(host, rundir):
