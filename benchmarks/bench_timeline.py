@@ -174,7 +174,7 @@ def start_costs(repeats: int) -> None:
 
 def mesh_connection_us(count: int) -> tuple[float, float]:
     """CPU microseconds per connection of `count` mesh check connections (deploy/host/probe.py:
-    a listener's serve and the dialers of dial_all) to one listener in this process: (user,
+    a listener's serve and dial_all's dialer) to one listener in this process: (user,
     system). The system part is the kernel's TCP work, which no change in Python takes away."""
     from deploy.host import probe
     listener, anywhere = probe.any_address_socket()
@@ -183,7 +183,7 @@ def mesh_connection_us(count: int) -> tuple[float, float]:
     port = listener.getsockname()[1]
     counts, lock = {"stop": False, port: 0}, threading.Lock()
     server = threading.Thread(target=probe.serve, daemon=True,
-                              args=(listener, port, "h1", "n1", counts, lock))
+                              args=({listener: port}, "h1", "n1", counts, lock))
     server.start()
     started = resource.getrusage(resource.RUSAGE_SELF)
     results, dialers = probe.dial_all([("127.0.0.1", port, "h1")] * count, "n1", 1.0,
@@ -193,8 +193,8 @@ def mesh_connection_us(count: int) -> tuple[float, float]:
     ended = resource.getrusage(resource.RUSAGE_SELF)
     counts["stop"] = True
     listener.shutdown(socket.SHUT_RDWR)
-    listener.close()
     server.join()
+    listener.close()
     if not all(r and r.get("ok") for r in results):
         raise SystemExit(f"a mesh check connection failed: {results}")
     return ((ended.ru_utime - started.ru_utime) / count * 1e6,

@@ -12,11 +12,13 @@ only, like the rest of deploy/host.
     free_ports(COUNT)     COUNT free TCP ports, distinct from each other
     ports_free(PORTS)     which of PORTS are free now
 """
+import errno
 import json
 import os
 import pwd
 import queue
 import re
+import selectors
 import socket
 import stat
 import sys
@@ -277,45 +279,90 @@ def probe(workdir, count, data=None):
     }
 
 
-# A check connection's greeting and answer are one short line each. They are read with recv,
-# not a file object: with 65,280 connections in a 256-host lab on one machine, each
-# connection's cost decides how long the mesh check takes. Four fifths of it is the kernel's
-# TCP work (benchmarks/bench_timeline.py --start-cost), which no change here takes away.
+# A check connection's greeting and answer are one short line each, read with recv into a
+# buffer of at most this many bytes.
 LINE_MAX = 512
+# How long either end of a check connection waits for the other's line.
+LINE_WAIT = 2.0
+# Between two tries of a port that refused (or failed otherwise), a dial waits this long.
+RETRY_PAUSE = 0.1
+
+# Both ends of the check connections run in one thread each, over nonblocking sockets and a
+# selector, not in a thread per listener and per dial: with 65,280 connections in a 256-host
+# lab on one machine, each connection's cost decides how long the mesh check takes. Most of
+# it is the kernel's TCP work (benchmarks/bench_timeline.py --start-cost).
 
 
-def read_line(conn):
-    """The first line `conn` sends (without its newline), at most LINE_MAX bytes; what came
-    when it closes first."""
-    data = b""
-    while b"\n" not in data and len(data) < LINE_MAX:
-        piece = conn.recv(LINE_MAX - len(data))
-        if not piece:
-            break
-        data += piece
-    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+def first_line(data, closed):
+    """The line `data` holds once whole (without its newline): at its newline, at LINE_MAX
+    bytes, or at what came before the peer closed; None while more may come."""
+    if b"\n" in data or len(data) >= LINE_MAX or closed:
+        return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+    return None
 
 
-def serve(listener, port, host, nonce, counts, lock):
-    """Answer each check connection with who we are, so the caller knows it reached us."""
-    listener.settimeout(0.2)
-    answer = ("%s %s %s %d\n" % (HELLO, nonce, host, port)).encode()
-    while not counts["stop"]:
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            continue
-        except OSError:
-            return
-        with conn:
-            conn.settimeout(2.0)
-            try:
-                if read_line(conn).split()[:2] == [HELLO, nonce]:
-                    conn.sendall(answer)
-                    with lock:
-                        counts[port] += 1
-            except OSError:
-                continue
+def _drop(selector, sockets, sock):
+    selector.unregister(sock)
+    del sockets[sock]
+    sock.close()
+
+
+def serve(listeners, host, nonce, counts, lock):
+    """Answer each check connection to `listeners` ({socket: port}) with who we are, so the
+    caller knows it reached us, until counts["stop"] (a listener shut down wakes the loop)."""
+    selector = selectors.DefaultSelector()
+    for listener, port in listeners.items():
+        listener.setblocking(False)
+        selector.register(listener, selectors.EVENT_READ, port)
+    callers = {}                  # connection -> [port, bytes read, when to give up on it]
+    hello = [HELLO, nonce]
+    try:
+        while not counts["stop"]:
+            now = time.monotonic()
+            wait = min([c[2] for c in callers.values()] + [now + 0.2]) - now
+            for key, _ in selector.select(max(0.0, wait)):
+                if key.data is not None:          # a listener (its port): a new caller
+                    try:
+                        conn, _ = key.fileobj.accept()
+                    except BlockingIOError:
+                        continue
+                    except OSError:               # shut down: the probe is ending
+                        selector.unregister(key.fileobj)
+                        continue
+                    conn.setblocking(False)
+                    callers[conn] = [key.data, b"", time.monotonic() + LINE_WAIT]
+                    selector.register(conn, selectors.EVENT_READ)
+                    continue
+                conn = key.fileobj
+                caller = callers[conn]
+                try:
+                    piece = conn.recv(LINE_MAX - len(caller[1]))
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    piece = b""
+                caller[1] += piece
+                line = first_line(caller[1], not piece)
+                if line is None:
+                    continue
+                port = caller[0]
+                if line.split()[:2] == hello:
+                    answer = ("%s %s %s %d\n" % (HELLO, nonce, host, port)).encode()
+                    try:
+                        # A fresh connection's send buffer takes a short line whole.
+                        if conn.send(answer) == len(answer):
+                            with lock:
+                                counts[port] += 1
+                    except OSError:
+                        pass
+                _drop(selector, callers, conn)
+            now = time.monotonic()
+            for conn in [c for c, caller in callers.items() if caller[2] <= now]:
+                _drop(selector, callers, conn)
+    finally:
+        for conn in list(callers):
+            _drop(selector, callers, conn)
+        selector.close()
 
 
 def socket_host(address):
@@ -325,37 +372,23 @@ def socket_host(address):
     return address.encode("ascii") if address.isascii() else address
 
 
-def reach(address, port, expect_host, nonce, deadline, attempt):
-    """Connect until answered or the deadline: a peer's listener may start a moment later."""
-    last = "no attempt"
-    greeting = ("%s %s\n" % (HELLO, nonce)).encode()
-    host = socket_host(address)
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=min(
-                    attempt, max(0.1, deadline - time.monotonic()))) as s:
-                s.settimeout(2.0)
-                s.sendall(greeting)
-                answer = read_line(s).split()
-            if answer[:2] != [HELLO, nonce] or len(answer) < 4:
-                return {"error": "foreign", "detail": "answered by something that is not a "
-                        "tfdeploy check listener"}
-            if answer[2] != expect_host:
-                return {"error": "wrong-host", "detail": answer[2]}
-            return {"ok": True}
-        except socket.timeout:
-            last = "timeout"
-        except ConnectionRefusedError:
-            last = "refused"
-            time.sleep(0.1)
-        except OSError as exc:
-            last = exc.strerror or str(exc)
-            time.sleep(0.1)
-    return {"error": last}
+class Dial:
+    """One target's tries, until answered or its deadline (a peer's listener may start a
+    moment later): its socket and step between the selector's events."""
+
+    def __init__(self, index, target, deadline):
+        self.index, self.host, self.port = index, socket_host(target[0]), int(target[1])
+        self.expect_host, self.deadline = target[2], deadline
+        self.last = "no attempt"      # why the last try failed
+        self.addresses = []           # the rest of the name's addresses for this try
+        self.sock = None
+        self.until = 0.0              # when this step (connecting, the answer) gives up
+        self.unsent = b""             # of the greeting, while connecting
+        self.data = b""               # of the answer
 
 
-# Dials one host makes at once: enough to probe many peers quickly, few enough that 64 hosts'
-# probes do not flood a loaded machine with threads.
+# Dials one host has in flight at once: enough to probe many peers quickly, few enough that
+# a peer that drops packets holds only these while its tries time out.
 DIALERS = 8
 
 
@@ -368,25 +401,127 @@ def wait_for(lines, deadline):
 
 
 def dial_all(targets, nonce, attempt, retry_until):
-    """Reach every target, DIALERS at a time; `retry_until(now)` is how long a refused port
-    is tried again."""
+    """Reach every target ([address, port, host]), DIALERS at a time, each try for `attempt`
+    seconds at most; `retry_until(now)` is until when a target is tried again, from when its
+    tries start. The results (filled in as they come) and the thread that dials."""
     results = [None] * len(targets)
-    pending = list(enumerate(targets))
-    lock = threading.Lock()
+    thread = threading.Thread(target=_dial_loop, daemon=True, args=(
+        targets, results, ("%s %s\n" % (HELLO, nonce)).encode(), [HELLO, nonce],
+        float(attempt), retry_until))
+    thread.start()
+    return results, [thread]
 
-    def dialer():
-        while True:
-            with lock:
-                if not pending:
-                    return
-                i, target = pending.pop(0)
-            results[i] = reach(target[0], int(target[1]), target[2], nonce,
-                               retry_until(time.monotonic()), attempt)
-    threads = [threading.Thread(target=dialer, daemon=True)
-               for _ in range(min(DIALERS, len(targets)))]
-    for t in threads:
-        t.start()
-    return results, threads
+
+def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
+    selector = selectors.DefaultSelector()
+    pending = list(enumerate(targets))[::-1]
+    dials = []                        # in flight: connecting, awaiting the answer, or paused
+    sockets = {}
+
+    def finish(dial, result):
+        dials.remove(dial)
+        results[dial.index] = result
+
+    def release(dial):
+        if dial.sock is not None:
+            _drop(selector, sockets, dial.sock)
+            dial.sock = None
+
+    def pause(dial, why, now, pause=RETRY_PAUSE):
+        """This try failed: the next one after `pause`, unless its deadline comes first."""
+        release(dial)
+        dial.last, dial.until, dial.addresses = why, now + pause, []
+
+    def connect(dial, now):
+        """The next try, to the next of the name's addresses."""
+        try:
+            if not dial.addresses:
+                dial.addresses = socket.getaddrinfo(dial.host, dial.port, 0,
+                                                    socket.SOCK_STREAM)
+            family, kind, proto, _, address = dial.addresses.pop(0)
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            return pause(dial, exc.strerror or str(exc), now)
+        sock.setblocking(False)
+        dial.sock, dial.unsent, dial.data = sock, greeting, b""
+        sockets[sock] = dial
+        selector.register(sock, selectors.EVENT_WRITE, dial)
+        dial.until = now + min(attempt, max(0.1, dial.deadline - now))
+        code = sock.connect_ex(address)
+        if code not in (0, errno.EINPROGRESS):
+            failed(dial, code, now)
+
+    def failed(dial, code, now):
+        """Connecting failed with errno `code`: the name's next address, or a pause (none
+        after a timeout: that try took its time)."""
+        release(dial)
+        if dial.addresses:
+            return connect(dial, now)
+        if code == errno.ETIMEDOUT:
+            return pause(dial, "timeout", now, pause=0.0)
+        pause(dial, "refused" if code == errno.ECONNREFUSED else os.strerror(code), now)
+
+    def step(dial, now):
+        """The socket is ready: connected (send the greeting), or the answer came."""
+        sock = dial.sock
+        if dial.unsent:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                return failed(dial, code, now)
+            try:
+                dial.unsent = dial.unsent[sock.send(dial.unsent):]
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                return pause(dial, exc.strerror or str(exc), now)
+            if not dial.unsent:
+                selector.modify(sock, selectors.EVENT_READ, dial)
+                dial.until = now + LINE_WAIT
+            return
+        try:
+            piece = sock.recv(LINE_MAX - len(dial.data))
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            return pause(dial, exc.strerror or str(exc), now)
+        dial.data += piece
+        line = first_line(dial.data, not piece)
+        if line is None:
+            return
+        release(dial)
+        answer = line.split()
+        if answer[:2] != hello or len(answer) < 4:
+            return finish(dial, {"error": "foreign", "detail": "answered by something that "
+                                 "is not a tfdeploy check listener"})
+        if answer[2] != dial.expect_host:
+            return finish(dial, {"error": "wrong-host", "detail": answer[2]})
+        finish(dial, {"ok": True})
+
+    try:
+        while pending or dials:
+            now = time.monotonic()
+            while pending and len(dials) < DIALERS:
+                index, target = pending.pop()
+                dial = Dial(index, target, retry_until(now))
+                dials.append(dial)
+                dial.until = now          # its first try starts below
+            for dial in [d for d in dials if d.until <= now]:
+                if dial.sock is not None:                 # this step gave up
+                    failed(dial, errno.ETIMEDOUT, now)
+                elif now >= dial.deadline:
+                    finish(dial, {"error": dial.last})
+                else:
+                    connect(dial, now)
+            if not dials:
+                continue
+            wait = min(d.until for d in dials) - time.monotonic()
+            for key, _ in selector.select(max(0.0, wait)):
+                if key.data.sock is key.fileobj:          # not released by an earlier event
+                    step(key.data, time.monotonic())
+    finally:
+        for sock in list(sockets):
+            sock.close()
+        selector.close()
 
 
 def mesh(spec, lines=None, say=None):
@@ -405,7 +540,7 @@ def mesh(spec, lines=None, say=None):
     driven = spec.get("driven")
     deadline = started + (float(driven) if driven else window)
     listen = {int(p): n for p, n in spec["listen"].items()}
-    counts, lock, listeners, threads, bind_errors = {"stop": False}, threading.Lock(), [], [], {}
+    counts, lock, listeners, bind_errors = {"stop": False}, threading.Lock(), {}, {}
     for port in listen:
         counts[port] = 0
         s, anywhere = any_address_socket()
@@ -417,11 +552,10 @@ def mesh(spec, lines=None, say=None):
             bind_errors[str(port)] = exc.strerror or str(exc)
             s.close()
             continue
-        listeners.append(s)
-        threads.append(threading.Thread(target=serve, daemon=True, args=(
-            s, port, spec["host"], spec["nonce"], counts, lock)))
-    for t in threads:
-        t.start()
+        listeners[s] = port
+    server = threading.Thread(target=serve, daemon=True, args=(
+        listeners, spec["host"], spec["nonce"], counts, lock))
+    server.start()
     attempt = float(spec["attempt"])
     if driven:
         say({"listening": sorted(listen), "bind_errors": bind_errors})
@@ -447,17 +581,16 @@ def mesh(spec, lines=None, say=None):
             time.sleep(0.05)
     counts["stop"] = True
     for s in listeners:
-        # shutdown wakes a serve() blocked in accept at once (close alone leaves it there
-        # until its accept timeout: a fifth of a second added to every check).
+        # shutdown wakes serve()'s wait at once (it looks at counts["stop"] a fifth of a
+        # second apart otherwise: added to every check).
         try:
             s.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+    # The listeners are closed once serve() no longer waits on them.
+    server.join(3)
+    for s in listeners:
         s.close()
-    # A listener's thread may be serving a caller that came late: let it finish (it gives up
-    # within its connection's timeout) rather than end the process under it.
-    for t in threads:
-        t.join(3)
     return {"connects": [dict(r or {"error": "no answer"}, address=t[0], port=int(t[1]),
                               host=t[2]) for r, t in zip(results, spec["targets"])],
             "accepted": {str(p): counts[p] for p in listen},

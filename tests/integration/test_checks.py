@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hostpkg
-from deploy.host.probe import distributions_along, version_of
+from deploy.host.probe import LINE_WAIT, distributions_along, version_of
 from deploy.host.envkey import env_python
 from deploy.host.protocol import (
     Connect, MeshDialed, MeshListenRequest, MeshListening, MeshResult, PortsRequest, Probe,
@@ -319,6 +319,53 @@ def test_mesh_says_when_a_port_belongs_to_another_host_listener(agent):
             "targets": [["127.0.0.1", port, "a"]]}
     (result,) = mesh(agent, spec).connects
     assert result.error == "wrong-host" and result.detail == "b"
+
+
+def test_mesh_names_a_stranger_a_silent_listener_and_a_refusal_apart(agent):
+    """What a dial meets, each target on its own: a program answering something else is
+    foreign at once; one that accepts and never answers is a timeout once the window is over
+    (every try waits its line for LINE_WAIT); a closed port is refused."""
+    stranger, silent = socket.socket(), socket.socket()
+    stopping = threading.Event()
+
+    def answer_junk():
+        while not stopping.is_set():
+            try:
+                conn, _ = stranger.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+    try:
+        for s in (stranger, silent):
+            s.bind(("127.0.0.1", 0))
+            s.listen(64)
+        threading.Thread(target=answer_junk, daemon=True).start()
+        targets = [["127.0.0.1", stranger.getsockname()[1], "a"],
+                   ["127.0.0.1", silent.getsockname()[1], "b"],
+                   ["127.0.0.1", free_port(), "c"]]
+        spec = {"host": "z", "nonce": "n5", "window": 3, "attempt": 1, "listen": {},
+                "targets": targets}
+        started = time.monotonic()
+        foreign, quiet, refused = mesh(agent, spec).connects
+        assert foreign.error == "foreign" and "not a tfdeploy check listener" in foreign.detail
+        assert quiet.error == "timeout" and refused.error == "refused"
+        assert time.monotonic() - started < 3 + 2 * LINE_WAIT + 5
+    finally:
+        stopping.set()
+        for s in (stranger, silent):
+            s.close()
+
+
+def test_a_mesh_listener_answers_many_callers_at_once(agent):
+    """Three hundred dials to one port (more than DIALERS at a time, all in flight together
+    with the listener's answers, in one process): each answered, each counted once."""
+    port = free_port()
+    spec = {"host": "a", "nonce": "n6", "window": 20, "attempt": 5, "listen": {str(port): 300},
+            "targets": [["127.0.0.1", port, "a"]] * 300}
+    answer = mesh(agent, spec, timeout=60)
+    assert [c.ok for c in answer.connects] == [True] * 300
+    assert answer.accepted == {str(port): 300}
 
 
 def test_mesh_listeners_end_by_themselves_when_callers_never_come(agent):
