@@ -427,10 +427,11 @@ def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
             _drop(selector, sockets, dial.sock)
             dial.sock = None
 
-    def pause(dial, why, now, pause=RETRY_PAUSE):
-        """This try failed: the next one after `pause`, unless its deadline comes first."""
+    def pause(dial, why, now, wait=RETRY_PAUSE):
+        """This try failed: the next one after `wait` seconds, unless its deadline comes
+        first."""
         release(dial)
-        dial.last, dial.until, dial.addresses = why, now + pause, []
+        dial.last, dial.until, dial.addresses = why, now + wait, []
 
     def connect(dial, now):
         """The next try, to the next of the name's addresses."""
@@ -458,7 +459,7 @@ def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
         if dial.addresses:
             return connect(dial, now)
         if code == errno.ETIMEDOUT:
-            return pause(dial, "timeout", now, pause=0.0)
+            return pause(dial, "timeout", now, wait=0.0)
         pause(dial, "refused" if code == errno.ECONNREFUSED else os.strerror(code), now)
 
     def step(dial, now):
