@@ -186,10 +186,9 @@ def mesh_connection_us(count: int) -> tuple[float, float]:
                               args=({listener: port}, "h1", "n1", counts, lock))
     server.start()
     started = resource.getrusage(resource.RUSAGE_SELF)
-    results, dialers = probe.dial_all([("127.0.0.1", port, "h1")] * count, "n1", 1.0,
-                                      lambda now: now + 10)
-    for dialer in dialers:
-        dialer.join()
+    results, dialer = probe.dial_all([("127.0.0.1", port, "h1")] * count, "n1", 1.0,
+                                     lambda now: now + 10)
+    dialer.join()
     ended = resource.getrusage(resource.RUSAGE_SELF)
     counts["stop"] = True
     listener.shutdown(socket.SHUT_RDWR)

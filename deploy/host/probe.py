@@ -301,12 +301,6 @@ def first_line(data, closed):
     return None
 
 
-def _drop(selector, sockets, sock):
-    selector.unregister(sock)
-    del sockets[sock]
-    sock.close()
-
-
 def serve(listeners, host, nonce, counts, lock):
     """Answer each check connection to `listeners` ({socket: port}) with who we are, so the
     caller knows it reached us, until counts["stop"] (a listener shut down wakes the loop)."""
@@ -316,6 +310,14 @@ def serve(listeners, host, nonce, counts, lock):
         selector.register(listener, selectors.EVENT_READ, port)
     callers = {}                  # connection -> [port, bytes read, when to give up on it]
     hello = [HELLO, nonce]
+    answers = {port: ("%s %s %s %d\n" % (HELLO, nonce, host, port)).encode()
+               for port in listeners.values()}
+
+    def drop(conn):
+        selector.unregister(conn)
+        del callers[conn]
+        conn.close()
+
     try:
         while not counts["stop"]:
             now = time.monotonic()
@@ -347,7 +349,7 @@ def serve(listeners, host, nonce, counts, lock):
                     continue
                 port = caller[0]
                 if line.split()[:2] == hello:
-                    answer = ("%s %s %s %d\n" % (HELLO, nonce, host, port)).encode()
+                    answer = answers[port]
                     try:
                         # A fresh connection's send buffer takes a short line whole.
                         if conn.send(answer) == len(answer):
@@ -355,13 +357,13 @@ def serve(listeners, host, nonce, counts, lock):
                                 counts[port] += 1
                     except OSError:
                         pass
-                _drop(selector, callers, conn)
+                drop(conn)
             now = time.monotonic()
             for conn in [c for c, caller in callers.items() if caller[2] <= now]:
-                _drop(selector, callers, conn)
+                drop(conn)
     finally:
         for conn in list(callers):
-            _drop(selector, callers, conn)
+            drop(conn)
         selector.close()
 
 
@@ -406,17 +408,17 @@ def dial_all(targets, nonce, attempt, retry_until):
     tries start. The results (filled in as they come) and the thread that dials."""
     results = [None] * len(targets)
     thread = threading.Thread(target=_dial_loop, daemon=True, args=(
-        targets, results, ("%s %s\n" % (HELLO, nonce)).encode(), [HELLO, nonce],
-        float(attempt), retry_until))
+        targets, results, nonce, float(attempt), retry_until))
     thread.start()
-    return results, [thread]
+    return results, thread
 
 
-def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
+def _dial_loop(targets, results, nonce, attempt, retry_until):
+    hello = [HELLO, nonce]
+    greeting = ("%s %s\n" % (HELLO, nonce)).encode()
     selector = selectors.DefaultSelector()
     pending = list(enumerate(targets))[::-1]
     dials = []                        # in flight: connecting, awaiting the answer, or paused
-    sockets = {}
 
     def finish(dial, result):
         dials.remove(dial)
@@ -424,7 +426,8 @@ def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
 
     def release(dial):
         if dial.sock is not None:
-            _drop(selector, sockets, dial.sock)
+            selector.unregister(dial.sock)
+            dial.sock.close()
             dial.sock = None
 
     def pause(dial, why, now, wait=RETRY_PAUSE):
@@ -445,7 +448,6 @@ def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
             return pause(dial, exc.strerror or str(exc), now)
         sock.setblocking(False)
         dial.sock, dial.unsent, dial.data = sock, greeting, b""
-        sockets[sock] = dial
         selector.register(sock, selectors.EVENT_WRITE, dial)
         dial.until = now + min(attempt, max(0.1, dial.deadline - now))
         code = sock.connect_ex(address)
@@ -520,8 +522,8 @@ def _dial_loop(targets, results, greeting, hello, attempt, retry_until):
                 if key.data.sock is key.fileobj:          # not released by an earlier event
                     step(key.data, time.monotonic())
     finally:
-        for sock in list(sockets):
-            sock.close()
+        for dial in dials:
+            release(dial)
         selector.close()
 
 
@@ -566,9 +568,8 @@ def mesh(spec, lines=None, say=None):
     else:
         targets = spec["targets"]
         retry_until = lambda now: started + window  # noqa: E731
-    results, callers = dial_all(targets, spec["nonce"], attempt, retry_until)
-    for t in callers:
-        t.join(max(0.0, deadline - time.monotonic()) + 3)
+    results, dialer = dial_all(targets, spec["nonce"], attempt, retry_until)
+    dialer.join(max(0.0, deadline - time.monotonic()) + 3)
     if driven:
         if dial:
             say({"dialed": len(targets)})
