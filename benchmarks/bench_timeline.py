@@ -4,8 +4,10 @@ phase by phase on the controller's own clock (deploy/timeline.py), with its peak
 threads, and the same hosts' parallel `ssh host python3 noop.py` for scale.
 
 Per repeat, alternating: parallel ssh, then `inv train`. Prints, per phase, the median time
-from the controller's start at which it ended (per-host phases: when the last host's ended)
-and what it added to the one before.
+from the controller's start at which it ended (per-host phases: when the last host's ended),
+what it added to the one before, and how busy the machine's cores were meanwhile (/proc/stat,
+sampled every 10 ms: with every lab host on the same cores, a phase below 100% waited on
+something other than the CPU).
 
     python benchmarks/bench_timeline.py [--repeats 3] [--hosts 4 16 64 256] [--shared]
     python benchmarks/bench_timeline.py --start-cost [--repeats 9]
@@ -32,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_hosts import NOOP, parallel_ssh, run_inv, ssh_config
+from bench_hosts import NOOP, busy_seconds, parallel_ssh, run_inv, ssh_config
 from bench_train import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -45,18 +47,27 @@ PHASES = ("imports", "plan", "login", "agent", "probe", "mesh", "push", "launch"
           "first follow answer", "tasks ended", "teardown", "exit")
 
 
-def train(inventory: Path, payload: Path, runs: Path, marks: Path) -> tuple[dict, dict]:
-    """One `inv train`: {phase: seconds from its start}, and its peak RSS (KiB), peak
-    threads and CPU seconds."""
+def train(inventory: Path, payload: Path, runs: Path, marks: Path,
+          ) -> tuple[dict, dict, dict]:
+    """One `inv train`: {phase: seconds from its start}; its peak RSS (KiB), peak threads and
+    CPU seconds; and {phase: the share of the machine's cores busy during it}."""
     marks.unlink(missing_ok=True)
-    threads = [0]
+    threads, busy = [0], []
+    running = threading.Event()
+    sampler = threading.Thread(target=_sample_busy, args=(busy, running), daemon=True)
 
     def sample(pid: int) -> None:
         threading.Thread(target=_sample_threads, args=(pid, threads), daemon=True).start()
     started = time.time()
-    usage = run_inv("train", "--hosts", str(inventory), "--payload", str(payload), "--entry",
-                    "noop.py", "--runs-dir", str(runs),
-                    env=dict(os.environ, TFDEPLOY_TIMELINE=str(marks)), running=sample)
+    running.set()
+    sampler.start()
+    try:
+        usage = run_inv("train", "--hosts", str(inventory), "--payload", str(payload),
+                        "--entry", "noop.py", "--runs-dir", str(runs),
+                        env=dict(os.environ, TFDEPLOY_TIMELINE=str(marks)), running=sample)
+    finally:
+        running.clear()
+        sampler.join()
     ended = time.time()
     phases: dict[str, float] = {}
     for line in marks.read_text().splitlines():
@@ -64,7 +75,29 @@ def train(inventory: Path, payload: Path, runs: Path, marks: Path) -> tuple[dict
         phases[mark["phase"]] = max(phases.get(mark["phase"], 0.0), mark["t"] - started)
     phases["exit"] = ended - started
     return phases, {"rss": usage.ru_maxrss, "threads": threads[0],
-                    "cpu": usage.ru_utime + usage.ru_stime}
+                    "cpu": usage.ru_utime + usage.ru_stime}, busy_shares(phases, busy, started)
+
+
+def _sample_busy(samples: list, running: threading.Event) -> None:
+    """(wall-clock time, the machine's busy CPU-seconds) every 10 ms while `running`."""
+    while running.is_set():
+        samples.append((time.time(), busy_seconds()))
+        time.sleep(0.01)
+    samples.append((time.time(), busy_seconds()))
+
+
+def busy_shares(phases: dict[str, float], samples: list, started: float) -> dict[str, float]:
+    """Per phase, the share of the machine's cores' time that was busy between the samples
+    nearest its start (the previous phase's end) and its end; a phase shorter than two
+    samples has none."""
+    cores, shares, begin = os.cpu_count() or 1, {}, 0.0
+    for phase, end in sorted(phases.items(), key=lambda item: item[1]):
+        inside = [s for s in samples if started + begin <= s[0] <= started + end]
+        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+            shares[phase] = (inside[-1][1] - inside[0][1]) / (
+                (inside[-1][0] - inside[0][0]) * cores)
+        begin = end
+    return shares
 
 
 def _sample_threads(pid: int, peak: list) -> None:
@@ -92,12 +125,13 @@ def measure(count: int, repeats: int, shared: bool, tmp: Path) -> None:
         (payload / "noop.py").write_text(NOOP)
         runs, marks = tmp / "runs", tmp / "timeline.jsonl"
         train(inventory, payload, runs, marks)          # the payload is then on every host
-        ssh, runs_phases, usages = [], [], []
+        ssh, runs_phases, usages, shares = [], [], [], []
         for _ in range(repeats):
             ssh.append(parallel_ssh(config, hosts, payload / "noop.py"))
-            phases, usage = train(inventory, payload, runs, marks)
+            phases, usage, busy = train(inventory, payload, runs, marks)
             runs_phases.append(phases)
             usages.append(usage)
+            shares.append(busy)
     where = "sharing one workdir" if shared else "each with its own workdir"
     print(f"{count} SSH hosts on loopback, {where}; {repeats} repeats, alternating; "
           f"medians")
@@ -108,7 +142,9 @@ def measure(count: int, repeats: int, shared: bool, tmp: Path) -> None:
         if len(times) < len(runs_phases):
             continue
         at = statistics.median(times)
-        print(f"  {phase:<22} ended at {at:6.2f} s  (+{at - before:5.2f} s)")
+        busy = [b[phase] for b in shares if phase in b]
+        print(f"  {phase:<22} ended at {at:6.2f} s  (+{at - before:5.2f} s)" + (
+            f"  cores busy {statistics.median(busy):4.0%}" if busy else ""))
         before = at
     total = statistics.median(p["exit"] for p in runs_phases)
     print(f"  inv train / parallel ssh: {total / statistics.median(ssh):.2f}x; the controller: "

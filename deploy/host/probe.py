@@ -314,9 +314,36 @@ def serve(listeners, host, nonce, counts, lock):
                for port in listeners.values()}
 
     def drop(conn):
-        selector.unregister(conn)
-        del callers[conn]
+        if conn in callers:
+            selector.unregister(conn)
+            del callers[conn]
         conn.close()
+
+    def hear(conn, caller):
+        """Read what the caller sent; answer and close once its line is whole. Whether the
+        line is still to come."""
+        try:
+            piece = conn.recv(LINE_MAX - len(caller[1]))
+        except BlockingIOError:
+            return True
+        except OSError:
+            piece = b""
+        caller[1] += piece
+        line = first_line(caller[1], not piece)
+        if line is None:
+            return True
+        port = caller[0]
+        if line.split()[:2] == hello:
+            answer = answers[port]
+            try:
+                # A fresh connection's send buffer takes a short line whole.
+                if conn.send(answer) == len(answer):
+                    with lock:
+                        counts[port] += 1
+            except OSError:
+                pass
+        drop(conn)
+        return False
 
     try:
         while not counts["stop"]:
@@ -332,32 +359,14 @@ def serve(listeners, host, nonce, counts, lock):
                         selector.unregister(key.fileobj)
                         continue
                     conn.setblocking(False)
-                    callers[conn] = [key.data, b"", time.monotonic() + LINE_WAIT]
-                    selector.register(conn, selectors.EVENT_READ)
+                    caller = [key.data, b"", time.monotonic() + LINE_WAIT]
+                    # The greeting has often come with the connection: read at once, and
+                    # watch the connection only when it has not.
+                    if hear(conn, caller):
+                        callers[conn] = caller
+                        selector.register(conn, selectors.EVENT_READ)
                     continue
-                conn = key.fileobj
-                caller = callers[conn]
-                try:
-                    piece = conn.recv(LINE_MAX - len(caller[1]))
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    piece = b""
-                caller[1] += piece
-                line = first_line(caller[1], not piece)
-                if line is None:
-                    continue
-                port = caller[0]
-                if line.split()[:2] == hello:
-                    answer = answers[port]
-                    try:
-                        # A fresh connection's send buffer takes a short line whole.
-                        if conn.send(answer) == len(answer):
-                            with lock:
-                                counts[port] += 1
-                    except OSError:
-                        pass
-                drop(conn)
+                hear(key.fileobj, callers[key.fileobj])
             now = time.monotonic()
             for conn in [c for c, caller in callers.items() if caller[2] <= now]:
                 drop(conn)
@@ -452,7 +461,10 @@ def _dial_loop(targets, results, nonce, attempt, retry_until):
         dial.until = now + min(attempt, max(0.1, dial.deadline - now))
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
-            failed(dial, code, now)
+            return failed(dial, code, now)
+        # Over loopback or a near link the connection is often up already: the greeting goes
+        # now rather than after the selector's next look.
+        step(dial, now)
 
     def failed(dial, code, now):
         """Connecting failed with errno `code`: the name's next address, or a pause (none

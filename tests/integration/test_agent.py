@@ -210,6 +210,27 @@ def test_a_killed_supervisor_makes_the_task_lost(host, rundir):
     assert status.state == "lost" and status.code is None
 
 
+def test_one_poll_tells_each_of_a_hosts_tasks_apart(host, rundir, run_id):
+    """One look at /proc answers for every task of the host: the running one, the one whose
+    group was killed, the one that exited and the one never launched, each as it is."""
+    running = launch(host, rundir, 0, "sleep", "60")
+    killed = launch(host, rundir, 1, "sleep", "60")
+    launch(host, rundir, 2, "/bin/sh", "-c", "exit 3")
+    os.killpg(killed.pgid, signal.SIGKILL)
+    poll_until_ended(host, rundir, 2)
+    deadline = time.monotonic() + 10
+    while True:
+        tasks = host.ask(PollRequest(str(rundir), {str(t): 0 for t in range(4)})).tasks
+        states = {t: (s.state, s.code) for t, s in tasks.items()}
+        if states["1"][0] == "lost" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert states == {"0": ("running", None), "1": ("lost", None), "2": ("exited", 3),
+                      "3": ("pending", None)}
+    assert tasks["0"].pid == running.pid
+    os.killpg(running.pgid, signal.SIGKILL)
+
+
 def wait_for_processes(run_id: str, count: int, timeout: float = 10) -> None:
     """Until the supervisor and its task (both carry the run's marker) are running."""
     deadline = time.monotonic() + timeout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -13,10 +14,11 @@ import pytest
 from rich.console import Console
 
 from counting import CountingTransport
-from deploy.inventory.load import parse_inventory
+from deploy.inventory.load import load_inventory, parse_inventory
 from deploy.plan.planner import Options, cleanup_request, plan_run
 from deploy.push.payload import PayloadPush
-from deploy.transport.login import GcmFirstTransport
+from deploy.transport.login import LoginTransport
+from deploy.transport.ssh import SshTransport
 from deploy.cluster.hostagent import HostAgent
 from deploy.cluster.parallel import HostsFailed
 from deploy.cluster.session import Session
@@ -105,6 +107,20 @@ def test_a_file_changed_while_it_is_pushed_leaves_no_payload(lab):
 
 
 def test_ssh_offers_aes_gcm_first_and_every_other_cipher_after_it():
-    offered = GcmFirstTransport._preferred_ciphers
+    offered = LoginTransport._preferred_ciphers
     assert offered[0] == "aes128-gcm@openssh.com" and "-gcm@" in offered[1]
     assert sorted(offered) == sorted(paramiko.Transport._preferred_ciphers)
+
+
+def test_a_logins_small_packets_leave_without_waiting_for_acknowledgements(ssh_lab, tmp_path):
+    """TCP_NODELAY on the login's socket: a request's packets after its first no longer wait
+    for the host's delayed acknowledgement of the one before."""
+    inventory = load_inventory(ssh_lab.write_inventory(tmp_path / "hosts.yaml",
+                                                       ssh_lab.hosts[:1]))
+    transport = SshTransport(inventory.hosts[0])
+    try:
+        sock = transport.connection.client.get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        assert transport.run("echo hi").stdout == b"hi\n"
+    finally:
+        transport.close()
