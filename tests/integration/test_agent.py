@@ -32,6 +32,7 @@ from deploy.host.protocol import (
     Tasks, Unpacked
 )
 from deploy.host.agent import WINDOW
+from deploy.host.teardown import run_processes
 from deploy.inventory.load import parse_inventory
 from deploy.inventory.model import EnvValue, Inventory
 from deploy.plan.planner import (
@@ -290,6 +291,31 @@ def test_stop_spares_other_runs_and_its_own_process(rundir, run_id, monkeypatch)
     finally:
         other.kill()
         other.wait()
+
+
+
+def test_a_run_is_found_by_an_environment_entry_of_its_own_wherever_it_stands(run_id):
+    """The run's id as the first, a middle or the last entry of a process's environment is the
+    run's; as a prefix of another id, inside another variable's value or in its name, not."""
+    environments = {
+        "first": {"TFDEPLOY_RUN_ID": run_id, "A": "1"},
+        "middle": {"A": "1", "TFDEPLOY_RUN_ID": run_id, "B": "2"},
+        "last": {"A": "1", "TFDEPLOY_RUN_ID": run_id},
+        "prefix": {"TFDEPLOY_RUN_ID": run_id + "0"},
+        "value": {"A": "TFDEPLOY_RUN_ID=" + run_id},
+        "name": {"X_TFDEPLOY_RUN_ID": run_id},
+    }
+    procs = {what: subprocess.Popen(["sleep", "60"], env={"PATH": os.environ["PATH"], **env})
+             for what, env in environments.items()}
+    try:
+        found = run_processes(run_id)
+        assert {what for what, p in procs.items() if p.pid in found} == {"first", "middle",
+                                                                         "last"}
+        assert all(found[p.pid] == os.getpgid(p.pid) for p in procs.values() if p.pid in found)
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
 
 
 class Following:
