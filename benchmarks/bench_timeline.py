@@ -7,7 +7,8 @@ Per repeat, alternating: parallel ssh, then `inv train`. Prints, per phase, the 
 from the controller's start at which it ended (per-host phases: when the last host's ended),
 what it added to the one before, and how busy the machine's cores were meanwhile (/proc/stat,
 sampled every 10 ms: with every lab host on the same cores, a phase below 100% waited on
-something other than the CPU).
+something other than the CPU; the kernel counts in ticks of 10 ms, so a phase of a few tens of
+milliseconds reads coarsely, even above 100%).
 
     python benchmarks/bench_timeline.py [--repeats 3] [--hosts 4 16 64 256] [--shared]
     python benchmarks/bench_timeline.py --start-cost [--repeats 9]
