@@ -51,7 +51,7 @@ def run_processes(run_id, spare=()):
     found = {}
     # The pass reads every process of this user, each of a whole host's for root, and runs
     # every 50 ms while a teardown waits: file descriptors rather than file objects, and one
-    # search rather than a list of entries, take a third to a half off each process's cost
+    # search rather than a list of entries, take about a third off each process's cost
     # (docs/benchmarks.md, "Small packets held back; idle cores").
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in spare:
