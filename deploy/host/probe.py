@@ -463,7 +463,12 @@ def _dial_loop(targets, results, nonce, attempt, retry_until):
         if code not in (0, errno.EINPROGRESS):
             return failed(dial, code, now)
         # Over loopback or a near link the connection is often up already: the greeting goes
-        # now rather than after the selector's next look.
+        # now rather than after the selector's next look. Only once it has a peer: a send while
+        # it connects is EAGAIN on Linux, but ENOTCONN on the BSDs.
+        try:
+            sock.getpeername()
+        except OSError:
+            return
         step(dial, now)
 
     def failed(dial, code, now):
