@@ -62,7 +62,9 @@ from deploy.run.submitted import given_run_id
 from deploy.run.submitted import submit as submit_run
 from deploy.run.envsetup import requirements_hash
 from deploy.run.envsetup import setup as setup_envs
-from deploy.run.signals import HungUp, Terminated, controller_signals, exit_code
+from deploy.run.signals import (
+    EXIT_OUTPUT_CLOSED, HungUp, Terminated, controller_signals, exit_code, to_devnull
+)
 from deploy.state.events import CheckReported, PayloadLeftOut
 from deploy.state.localdir import private_umask
 from deploy.state.record import new_run_id
@@ -118,7 +120,8 @@ VERBOSE_HELP = ("show every log line as the tasks wrote it, TensorFlow's C++ log
 def reported(console: Console):
     """Expected errors as one red line; exit status 2 for bad input (nothing was touched),
     1 for a failure, 130 for Ctrl-C and 143 for SIGTERM before a run had started, 129 when
-    the terminal closed (later ones the run handles: deploy/run/signals.py)."""
+    the terminal closed, 141 when the output's pipe lost its reader (later ones the run
+    handles: deploy/run/signals.py)."""
     private_umask()
     try:
         with controller_signals():
@@ -274,7 +277,8 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     Exit status is 0 only when every task exited 0; 1 when a task or host failed; 2 for bad
     input (nothing started anywhere); 130 after Ctrl-C, 143 after SIGTERM (both stop every
     task first; a second Ctrl-C abandons the teardown and names the `inv down` that ends it);
-    129 when the terminal closed (SIGHUP), which leaves the run going for `inv logs --follow`.
+    129 when the terminal closed (SIGHUP), which leaves the run going for `inv logs --follow`,
+    as does a pipe whose reader went away (`| head`: 141).
     """
     console, reporter = console_and_reporter(json)
     with reported(console):
@@ -652,6 +656,15 @@ class TfdeployProgram(Program):
                            lambda m: f"{m[1]}{m[2]}={VALUES.get(m[1], 'TEXT')}", names)
             shown.append((names.replace("STRING", "TEXT"), text))
         super().print_columns(shown)
+
+    def run(self, argv=None, exit=True) -> None:
+        """Invoke's run, where help or a list cut short by a closed pipe (`tfdeploy --help |
+        head`) ends as a task's output does (OutputClosed), not in a traceback."""
+        try:
+            super().run(argv, exit)
+        except BrokenPipeError:
+            to_devnull(sys.stdout)
+            raise SystemExit(EXIT_OUTPUT_CLOSED) from None
 
     def parse_core(self, argv) -> None:
         try:

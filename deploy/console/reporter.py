@@ -68,6 +68,15 @@ class ConsoleReporter:
             # Paths and commands in them are for copying: never wrapped.
             say(self.console, event.text(), STYLES[event.level],
                 soft_wrap=isinstance(event, ev.TeardownAbandoned))
+        tell_stderr_too(event)
+
+
+def tell_stderr_too(event: ev.Event) -> None:
+    """A run let go because stdout's reader is gone (`inv train | head`): how to find it
+    again goes to stderr as well, which is often still the user's terminal."""
+    if isinstance(event, (ev.Detached, ev.FollowStopped)) and event.stdout_closed:
+        say(Console(stderr=True, highlight=False), event.text(), STYLES[event.level],
+            soft_wrap=True)
 
 
 def _task_output(reporter: ConsoleReporter, event: ev.TaskOutput) -> None:
@@ -166,11 +175,15 @@ class JsonReporter(QuietReporter):
     it goes. Host text is carried as it came; JSON escapes every control character."""
 
     def __init__(self, out=None):
-        self.out = out or sys.stdout
+        self.out = out
 
     def emit(self, event: ev.Event) -> None:
-        self.out.write(json.dumps(event.as_json(), separators=(",", ":")) + "\n")
-        self.out.flush()
+        # sys.stdout as it is now: while a command runs, the one that outlives its terminal
+        # and its pipe's reader (deploy/run/signals.py HangupProof).
+        out = self.out or sys.stdout
+        out.write(json.dumps(event.as_json(), separators=(",", ":")) + "\n")
+        out.flush()
+        tell_stderr_too(event)
 
 
 class _NoStatus(contextlib.nullcontext):

@@ -34,7 +34,7 @@ from deploy.run.lostport import NewPorts
 from deploy.run.preflight import refuse_bad_input, shown_paths
 from deploy.run.restarts import Restarter
 from deploy.run.run import Run, RunSettings, load_local_logs
-from deploy.run.signals import Abandoned, HungUp
+from deploy.run.signals import Abandoned, HungUp, OutputClosed
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
 from deploy.state import localdir
@@ -208,9 +208,10 @@ def ending(run: Run, settings: RunSettings) -> Iterator[Ending]:
         if not end.launched:
             end.how = Finish.INTERRUPTED     # nothing was started: nothing to go on
         else:
-            # The terminal is gone, the run is not: it goes on for `inv logs --follow`.
+            # The terminal (or the pipe's reader) is gone, the run is not: it goes on for
+            # `inv logs --follow`.
             detached = True
-            _detach(run, settings, "the terminal closed: ")
+            _detach(run, settings, hangup)
             end.code = hangup.exit_code
     except Abandoned as exc:                 # a second Ctrl-C while the tasks were stopped
         abandoned = exc
@@ -288,10 +289,11 @@ def _all_running(run: Run) -> bool:
 RUNNING_ASKS = 5
 
 
-def _detach(run: Run, settings: RunSettings, why: str = "") -> int:
+def _detach(run: Run, settings: RunSettings, hangup: HungUp | None = None) -> int:
     run.detached = True
     run.set_state(RunState.DETACHED, controller_pid=None)
     run.close()
-    run.reporter.emit(Detached(run.plan.run_id, len(run.plan.hosts), why,
-                               runs_dir_flag(settings.runs_dir)))
+    run.reporter.emit(Detached(run.plan.run_id, len(run.plan.hosts), hangup.why if hangup else "",
+                               runs_dir_flag(settings.runs_dir),
+                               stdout_closed=isinstance(hangup, OutputClosed)))
     return 0

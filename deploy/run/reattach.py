@@ -17,7 +17,7 @@ from deploy.console.lines import shown_line
 from deploy.run import background
 from deploy.run.finish import Finish, draw_loss_plot, finish, runs_dir_flag
 from deploy.run.run import Run, RunSettings, load_local_logs
-from deploy.run.signals import HungUp, exit_code
+from deploy.run.signals import HungUp, OutputClosed, exit_code
 from deploy.run.submitted import cancel, job, queued_row, show_output, shown_with_job, submitted_job
 from deploy.run.watch import follow_to_end
 from deploy.cluster.session import Session
@@ -200,7 +200,8 @@ def logs(runs_dir: Path, run_id: str | None, follow: bool, task: str | None,
             # left running on purpose.
             run.close()
             run.set_state(RunState.DETACHED, controller_pid=None)
-            reporter.emit(FollowStopped(record.run_id, runs_dir_flag(local_dir.parent)))
+            reporter.emit(FollowStopped(record.run_id, runs_dir_flag(local_dir.parent),
+                                        stdout_closed=isinstance(interrupt, OutputClosed)))
             return exit_code(interrupt)
         return finish(run, how)
     finally:

@@ -8,6 +8,12 @@
   and reattachable with `inv logs --run ID --follow`; the controller exits 129 (128 + 1).
   Its terminal is gone, so from then on its output goes to /dev/null; a write that meets the
   hung-up terminal before the signal does is dropped the same way (HangupProof).
+- A write to stdout or stderr whose pipe has no reader left (`inv train | head`, a `tee` that
+  died) raises OutputClosed, a HungUp: the reader is gone, the run is not, and it is let go
+  as for a closed terminal; the controller exits 141 (128 + SIGPIPE, as a program SIGPIPE
+  ended). That stream goes to /dev/null from then on; the reporters say how to follow the run
+  on stderr too. Python ignores SIGPIPE (a broken SSH connection is an error, not a signal):
+  the failed write is where it shows.
 - While a run is torn down (tearing_down()): a second Ctrl-C or SIGTERM abandons the
   teardown (Abandoned) and the controller exits at once, naming what may be left and the
   `inv down` that finishes the job; SIGHUP only silences the output, as nobody would be left
@@ -18,6 +24,7 @@ stays ignored: whoever started it so chose.
 """
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import signal
@@ -29,6 +36,7 @@ from contextlib import contextmanager
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_HUNG_UP = 128 + signal.SIGHUP
+EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 
 class Terminated(KeyboardInterrupt):
@@ -40,6 +48,13 @@ class HungUp(BaseException):
     """SIGHUP: the terminal is gone. Not an error and not an interrupt: a followed run is
     let go instead of stopped."""
     exit_code = EXIT_HUNG_UP
+    why = "the terminal closed: "
+
+
+class OutputClosed(HungUp):
+    """A write met a pipe whose reader is gone: handled as a closed terminal."""
+    exit_code = EXIT_OUTPUT_CLOSED
+    why = "the output's reader is gone (a closed pipe): "
 
 
 class Abandoned(BaseException):
@@ -56,6 +71,9 @@ def exit_code(interrupt: BaseException) -> int:
 
 
 _tearing_down = False
+# Set when a thread other than the main one met a closed pipe: the main thread hears of it as
+# of a hangup, and SIGHUP's handler raises OutputClosed instead.
+_output_closed = False
 
 
 def _terminated(signum, frame):
@@ -63,9 +81,41 @@ def _terminated(signum, frame):
 
 
 def _hung_up(signum, frame):
+    if _output_closed:
+        if not _tearing_down:
+            raise OutputClosed()
+        return
     silence_terminal()
     if not _tearing_down:
         raise HungUp()
+
+
+def to_devnull(stream) -> None:
+    """Point `stream`'s file descriptor at /dev/null (its buffer is flushed there, at exit
+    too, without an error)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _output_gone(stream) -> None:
+    """`stream`'s pipe has no reader: point it at /dev/null, then tell the main thread
+    (OutputClosed), unless a teardown runs, which must go on whatever it cannot print."""
+    global _output_closed
+    to_devnull(stream)
+    if _tearing_down:
+        return
+    if threading.current_thread() is threading.main_thread():
+        raise OutputClosed()
+    _output_closed = True
+    if signal.getsignal(signal.SIGHUP) is _hung_up:
+        _thread.interrupt_main(signal.SIGHUP)
 
 
 def silence_terminal() -> None:
@@ -93,7 +143,8 @@ class HangupProof:
     """sys.stdout or sys.stderr, where a write that fails because the terminal hung up (EIO)
     silences the terminal and is dropped: a closed terminal is not a failure of the run, and
     the SIGHUP that comes with it decides what happens (the kernel fails the terminal's
-    writes before it signals, and Python runs the handler later still)."""
+    writes before it signals, and Python runs the handler later still). A write to a pipe
+    with no reader (EPIPE) is OutputClosed (_output_gone)."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -108,6 +159,9 @@ class HangupProof:
         try:
             return call()
         except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                _output_gone(self.stream)
+                return dropped
             if exc.errno != errno.EIO:
                 raise
             silence_terminal()
@@ -121,6 +175,7 @@ class HangupProof:
 def controller_signals():
     """SIGTERM and SIGHUP as exceptions in the main thread, and stdout and stderr that outlive
     their terminal, for the duration of a command."""
+    global _output_closed
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -134,6 +189,7 @@ def controller_signals():
         yield
     finally:
         sys.stdout, sys.stderr = streams
+        _output_closed = False
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

@@ -279,11 +279,13 @@ def _found_again(run_id: str, runs_dir_flag: str) -> str:
 
 @record
 class Detached(Event):
-    """The run goes on without this controller; how to find it again."""
+    """The run goes on without this controller; how to find it again. `stdout_closed`: let go
+    because stdout's reader is gone (reporters then say it on stderr too)."""
     run_id: str
     hosts: int
     why: str
     runs_dir_flag: str
+    stdout_closed: bool = False
 
     def text(self) -> str:
         rid, flag = self.run_id, self.runs_dir_flag
@@ -322,10 +324,12 @@ class ControllerOutput(Event):
 
 @record
 class FollowStopped(Event):
-    """`inv logs --follow` stopped following; the run goes on."""
+    """`inv logs --follow` stopped following; the run goes on. `stdout_closed` as in
+    Detached."""
     level: ClassVar[str] = WARNING
     run_id: str
     runs_dir_flag: str
+    stdout_closed: bool = False
 
     def text(self) -> str:
         return (f"stopped following; run {self.run_id} goes on. Stop it with: "

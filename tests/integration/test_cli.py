@@ -58,3 +58,19 @@ def test_max_fetch_takes_a_size_and_refuses_what_is_not_one():
     for bad in ("lots", "1KiB", "nanGiB", "infT", "-1GiB", "2000TiB"):
         with pytest.raises(BadInput, match="--max-fetch takes a size from 1MiB to 1024TiB"):
             tasks.fetch_limits("--max-fetch", bad)
+
+
+def test_output_cut_short_by_a_closed_pipe_ends_quietly_with_141(tmp_path):
+    """`tfdeploy --help | head -1`, `tfdeploy runs | head -1`: the reader is gone before the
+    command has said all; it ends as a program SIGPIPE ended (128 + 13), without a
+    traceback, whether Invoke prints (help) or a task does."""
+    for args in (["--help"], ["train", "--help"], ["runs", "--runs-dir", str(tmp_path)]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)                      # head read what it wanted and left
+        try:
+            done = subprocess.run([str(TFDEPLOY), *args], cwd=tmp_path, stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(write_end)
+        assert done.returncode == 141, (args, done.stderr)
+        assert done.stderr == "", (args, done.stderr)

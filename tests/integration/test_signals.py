@@ -1,6 +1,7 @@
 """Signals to the controller (deploy/run/signals.py) over real sshd servers on loopback:
-SIGTERM stops the run as Ctrl-C does, a closed terminal (SIGHUP) leaves it going for `inv logs
---follow`, a second Ctrl-C abandons the teardown and names the `inv down` that finishes it.
+SIGTERM stops the run as Ctrl-C does, a closed terminal (SIGHUP) or a pipe's reader gone leaves
+it going for `inv logs --follow`, a second Ctrl-C abandons the teardown and names the `inv down`
+that finishes it.
 The payload is a small script that prints epoch events (TensorFlow is not the point here), so
 every test takes seconds."""
 from __future__ import annotations
@@ -136,6 +137,54 @@ def test_a_closed_terminal_leaves_the_run_going_for_logs_follow(lab, tmp_path):
             controller.wait()
         if run_id:
             kill_by_records(run_id, hosts)
+
+
+@pytest.mark.parametrize("output", ["console", "json"])
+def test_a_reader_gone_from_the_pipe_leaves_the_run_going_and_says_so_on_stderr(lab, tmp_path,
+                                                                                 output):
+    """`inv train | head` (or `--json | jq` with jq gone): once the pipe's reader is gone,
+    the controller's next write fails (EPIPE; Python ignores SIGPIPE). The run is let go as
+    for a closed terminal, exit 141, and stderr, still the user's, says how to follow it."""
+    inventory, hosts, payload = lab
+    runs = tmp_path / "runs"
+    extra = ("--json",) if output == "json" else ()
+    controller = subprocess.Popen(train_command(inventory, runs, payload, "30 0.3", *extra),
+                                  cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=default_signals)
+    run_id = None
+    try:
+        run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
+        controller.stdout.close()                    # head has read its lines
+        assert controller.wait(timeout=60) == 141
+        said = controller.stderr.read()
+        assert "Traceback" not in said, said
+        assert f"run {run_id} is running detached" in said, said
+        assert f"inv logs --run {run_id} --follow" in said, said
+        assert record(runs, run_id)["state"] == "detached"
+        assert len(processes_of_run(run_id)) >= 4, "training goes on without a controller"
+        # A follower whose pipe's reader is gone stops following, not the run.
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            follower = subprocess.run(
+                [sys.executable, "-m", "invoke", "logs", "--run", run_id, "--runs-dir",
+                 str(runs), "--follow"], cwd=REPO, stdout=write_end, stderr=subprocess.PIPE,
+                text=True, timeout=60, preexec_fn=default_signals)
+        finally:
+            os.close(write_end)
+        assert follower.returncode == 141, follower.stderr
+        assert f"stopped following; run {run_id} goes on" in follower.stderr, follower.stderr
+        assert record(runs, run_id)["state"] == "detached"
+        assert len(processes_of_run(run_id)) >= 4
+        done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow")
+        assert done.returncode == 0, done.stdout + done.stderr
+        for i in range(2):
+            assert epoch_lines(runs / run_id / f"worker-{i}.log") == list(range(1, 31))
+        assert record(runs, run_id)["state"] == "finished"
+        assert_nothing_left(runs / run_id, hosts)
+    finally:
+        clean_up(controller, run_id, hosts)
 
 
 def wait_for_follower(runs: Path, run_id: str, follower: subprocess.Popen,

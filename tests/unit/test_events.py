@@ -124,3 +124,22 @@ def test_orchestration_prints_nothing_itself():
                 if name in ("print", "say", "print_lines"):
                     calls.append(f"{path.name}:{node.lineno} {name}")
     assert calls == []
+
+
+def test_a_run_let_go_for_a_closed_stdout_is_told_on_stderr_by_both_reporters(capsys):
+    """stdout's reader is gone (`inv train | head`): how to follow the run again goes to
+    stderr too, from the console reporter and the JSON one alike; otherwise stderr is quiet."""
+    quiet = (ev.Detached("r1", 2, "", ""), ev.FollowStopped("r1", ""))
+    told = (ev.Detached("r1", 2, "the output's reader is gone (a closed pipe): ", "",
+                        stdout_closed=True), ev.FollowStopped("r1", "", stdout_closed=True))
+    for reporter in (ConsoleReporter(Console(file=io.StringIO(), width=200)),
+                     JsonReporter(io.StringIO())):
+        for event in quiet:
+            reporter.emit(event)
+        assert capsys.readouterr().err == ""
+        for event in told:
+            reporter.emit(event)
+        err = capsys.readouterr().err
+        assert "run r1 is running detached on 2 host(s)" in err
+        assert "inv logs --run r1 --follow" in err
+        assert "stopped following; run r1 goes on" in err
