@@ -162,6 +162,12 @@ class SshLab:
             f.write(host.known_hosts_line())
         return host
 
+    def wait_reachable(self, host: LabHost, timeout: float = READY_TIMEOUT) -> None:
+        """Until `host`'s sshd shows its banner here again (its link set up again, a user
+        waiting for the host to come back before `inv down`); a LabError saying why not, with
+        its log's end, if its sshd exited or it stays out of reach."""
+        _wait_ready(next(s for s in self._servers if s.host.name == host.name), timeout)
+
     def sharing_workdir(self, hosts: Iterable[LabHost], name: str = "shared") -> list[LabHost]:
         """The same hosts with one workdir between them, as an NFS home gives every machine:
         <base>/<name>/work (not created: the tool under test owns it)."""

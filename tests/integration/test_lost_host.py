@@ -155,6 +155,7 @@ def lose_a_host(tmp_path: Path, lab: SshLab, hosts, inventory: Path, args: tuple
     finally:
         restore()
         controller.finish(timeout=60)
+    lab.wait_reachable(hosts[1])        # `inv down` once the host answers again
     done = down(runs, run_id)
     assert done.returncode == 0, done.stdout + done.stderr
     assert wait_until_gone(run_id, 10) == [], done.stdout
