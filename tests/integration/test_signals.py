@@ -148,10 +148,9 @@ def test_a_reader_gone_from_the_pipe_leaves_the_run_going_and_says_so_on_stderr(
     inventory, hosts, payload = lab
     runs = tmp_path / "runs"
     extra = ("--json",) if output == "json" else ()
-    controller = subprocess.Popen(train_command(inventory, runs, payload, "30 0.3", *extra),
-                                  cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  preexec_fn=default_signals)
+    controller = subprocess.Popen(train_command(inventory, runs, payload, "50 0.3", *extra),
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, preexec_fn=default_signals)
     run_id = None
     try:
         run_id = wait_for_first_epoch(runs, controller, "worker-1.log")
@@ -180,7 +179,7 @@ def test_a_reader_gone_from_the_pipe_leaves_the_run_going_and_says_so_on_stderr(
         done = inv("logs", "--run", run_id, "--runs-dir", str(runs), "--follow")
         assert done.returncode == 0, done.stdout + done.stderr
         for i in range(2):
-            assert epoch_lines(runs / run_id / f"worker-{i}.log") == list(range(1, 31))
+            assert epoch_lines(runs / run_id / f"worker-{i}.log") == list(range(1, 51))
         assert record(runs, run_id)["state"] == "finished"
         assert_nothing_left(runs / run_id, hosts)
     finally:
