@@ -35,7 +35,7 @@ from deploy.host.layout import (
 from deploy.host.hosterror import HostError
 from deploy.host.rundir import read_json
 from deploy.host.share import member_tasks
-from deploy.host.teardown import group_members
+from deploy.host.teardown import live_groups
 
 # How earlier versions of tfdeploy named environments: freed, since nothing looks for them.
 OLD_ENV_NAME = re.compile(r"^[0-9a-f]{16}$")
@@ -106,10 +106,13 @@ def maybe_live(rundir, run_id, host):
     mine = {str(t) for t in member_tasks(rundir, host) or []}
     pid_files = [(None, os.path.join(rundir, BUILD_PID))] + [
         (task, task_file(rundir, task, "pid")) for task in task_keys(os.listdir(rundir), "pid")]
+    alive = None                 # one look at /proc for the run, once a pid file asks for it
     for task, path in pid_files:
         info = read_json(path)
-        if info and group_members(info["pgid"], run_id):
-            return True
+        if info:
+            alive = alive or live_groups(run_id)
+            if alive(info["pgid"]):
+                return True
         if task is not None:
             ended = os.path.exists(task_file(rundir, task, "exit"))
             if not ended and task not in mine:

@@ -16,7 +16,7 @@ from deploy.host.hosterror import HostError
 from deploy.host.protocol import FINAL_STATES, LOG_CHUNK
 from deploy.host.rundir import read_json, run_id_of, write_json_atomic
 from deploy.host.supervisor import supervisor_command
-from deploy.host.teardown import group_exists, run_processes
+from deploy.host.teardown import group_exists, live_groups
 
 # Variables whose values are paths on this host; a leading ~/ means this host's home.
 PATH_VARS = ("TFDEPLOY_OUTPUT_DIR", "TFDEPLOY_BACKUP_DIR", "TFDEPLOY_DATA_DIR")
@@ -103,13 +103,7 @@ def statuses(rundir, offsets, thorough=True):
 
     `thorough` checks liveness against the run id in /proc, for one-off answers; the
     follower's frequent loop uses the cheap process-group check instead."""
-    alive = group_exists
-    if thorough:
-        # One look at /proc for all of them: each look reads every process's environment.
-        found = run_processes(run_id_of(rundir))
-        if found is not None:
-            groups = set(found.values())
-            alive = groups.__contains__
+    alive = live_groups(run_id_of(rundir)) if thorough else group_exists
     tasks = {}
     for task, offset in offsets.items():
         info = read_json(task_file(rundir, task, "pid"))

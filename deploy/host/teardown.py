@@ -82,12 +82,14 @@ def run_processes(run_id, spare=()):
     return found
 
 
-def group_members(pgid, run_id):
-    """Live processes of group `pgid` that belong to this run (by their environment)."""
+def live_groups(run_id):
+    """Whether a process group still holds a live process of run `run_id` (by their
+    environment), as a test to ask of any number of groups: one look at /proc for them all,
+    since each look reads every process's environment. Without /proc: whether it exists."""
     found = run_processes(run_id)
     if found is None:
-        return [pgid] if group_exists(pgid) else []
-    return [pid for pid, group in found.items() if group == pgid]
+        return group_exists
+    return set(found.values()).__contains__
 
 
 def lineage():

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pwd
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -157,6 +158,27 @@ def test_host_prune_frees_unneeded_files_and_old_runs_only(tmp_path):
     assert not old.exists() and not (work / "runs" / "r1").exists()
     assert live.is_dir(), "a task of another host may still run"
     assert (work / "cache" / "files" / "not-a-hash").exists() and (work / "envs" / "mine").exists()
+
+
+def test_host_prune_keeps_a_run_whose_task_still_runs_here_until_it_ends(tmp_path):
+    """This host's own task, its exit not recorded: kept while its process group holds a
+    process of the run (found by the run id in its environment), pruned once it is gone."""
+    work = tmp_path / "work"
+    rundir = run_dir(tmp_path, "20260101-000000-prunelive")
+    share.join(str(rundir), "h1", [0])
+    task = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                            env=dict(os.environ, TFDEPLOY_RUN_ID=rundir.name))
+    try:
+        (rundir / "worker-0.pid").write_text(json.dumps({"pid": task.pid, "pgid": task.pid}))
+        assert hostprune.maybe_live(str(rundir), rundir.name, "h1")
+        hostprune.prune(str(work), "h1", {}, 0, dry=False)
+        assert rundir.is_dir(), "its task still runs here"
+    finally:
+        task.kill()
+        task.wait()
+    assert not hostprune.maybe_live(str(rundir), rundir.name, "h1")
+    freed = hostprune.prune(str(work), "h1", {}, 0, dry=False)
+    assert freed["runs"]["count"] == 1 and not rundir.exists()
 
 
 def test_host_prune_keeps_young_runs_and_what_they_need(tmp_path):
