@@ -97,6 +97,10 @@ def to_devnull(stream) -> None:
         fd = stream.fileno()
     except (OSError, ValueError):
         return
+    _fd_to_devnull(fd)
+
+
+def _fd_to_devnull(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, fd)
@@ -123,13 +127,9 @@ def silence_terminal() -> None:
     fails every write (EIO), and a failed write must not end a teardown or a let-go. Output
     going to a file or pipe still goes there. A hung-up terminal is no longer a tty to
     isatty() (its ioctls fail too): a character device is taken for one."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            if _character_device(fd):
-                os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
+    for fd in (1, 2):
+        if _character_device(fd):
+            _fd_to_devnull(fd)
 
 
 def _character_device(fd: int) -> bool:
