@@ -72,9 +72,11 @@ class ConsoleReporter:
 
 
 def tell_stderr_too(event: ev.Event) -> None:
-    """A run let go because stdout's reader is gone (`inv train | head`): how to find it
-    again goes to stderr as well, which is often still the user's terminal."""
-    if isinstance(event, (ev.Detached, ev.FollowStopped)) and event.stdout_closed:
+    """A run let go, or stopped before its tasks started, because stdout's reader is gone
+    (`inv train | head`): that goes to stderr as well, which is often still the user's
+    terminal."""
+    if isinstance(event, (ev.StoppedUnstarted, ev.Detached, ev.FollowStopped)) and \
+            event.stdout_closed:
         say(Console(stderr=True, highlight=False), event.text(), STYLES[event.level],
             soft_wrap=True)
 

@@ -12,7 +12,8 @@ from deploy.commandline import command
 from deploy.console.plot import plot_losses
 from deploy.run.run import Run
 from deploy.run.signals import (
-    EXIT_INTERRUPTED, EXIT_TERMINATED, Abandoned, Terminated, tearing_down
+    EXIT_HUNG_UP, EXIT_INTERRUPTED, EXIT_OUTPUT_CLOSED, EXIT_TERMINATED, Abandoned, HungUp,
+    OutputClosed, Terminated, tearing_down
 )
 from deploy.state import lifetime, localdir
 from deploy.state.events import (
@@ -28,11 +29,18 @@ class Finish:
     INTERRUPTED = "interrupted"  # Ctrl-C: stop, read the last log bytes, clean up
     TERMINATED = "terminated"    # SIGTERM: as Ctrl-C, with its own exit status
     DOWN = "down"                # `inv down`: fetch artifacts, stop, read the rest, clean up
-    STOPPED = (INTERRUPTED, TERMINATED)
+    # The terminal closed, or stdout's reader went away, before any task started: nothing to
+    # leave running, so it is stopped as by Ctrl-C, with the exit status of its cause.
+    HUNG_UP = "hung up"
+    OUTPUT_CLOSED = "output closed"
 
     @staticmethod
-    def by(interrupt: KeyboardInterrupt) -> str:
-        """How a run stopped by `interrupt` (Ctrl-C or SIGTERM) ends."""
+    def by(interrupt: KeyboardInterrupt | HungUp) -> str:
+        """How a run stopped by `interrupt` (Ctrl-C, SIGTERM, or a hangup before its tasks
+        started) ends."""
+        if isinstance(interrupt, HungUp):
+            return Finish.OUTPUT_CLOSED if isinstance(interrupt, OutputClosed) else \
+                Finish.HUNG_UP
         return Finish.TERMINATED if isinstance(interrupt, Terminated) else Finish.INTERRUPTED
 
 
@@ -61,7 +69,7 @@ def finish(run: Run, how: str, ended: dict | None = None) -> int:
                         lambda line: reporter.emit(ArchiveNote(line)))
                 except Exception as exc:  # reported; teardown still runs
                     problems.append(f"fetching artifacts: {exc}")
-            if how == Finish.DOWN or (how in Finish.STOPPED and not run.stopped_clean):
+            if how == Finish.DOWN or (how in STOPPED_EXIT and not run.stopped_clean):
                 problems += session.stop(plan).values()
                 if run.writes_logs:
                     _drain_logs(run)
@@ -81,8 +89,8 @@ def finish(run: Run, how: str, ended: dict | None = None) -> int:
         write_json(local_dir / localdir.SUMMARY,
                    dict(_summary(run, artifacts, problems, code, how, wall_time, plot,
                                  tensorboard), lost_hosts=list(lost)))
-        state = {Finish.DONE: RunState.FINISHED, Finish.INTERRUPTED: RunState.INTERRUPTED,
-                 Finish.TERMINATED: RunState.INTERRUPTED, Finish.DOWN: RunState.DOWN}[how]
+        state = {Finish.DONE: RunState.FINISHED, Finish.DOWN: RunState.DOWN}.get(
+            how, RunState.INTERRUPTED)
         if not problems or how == Finish.DONE:
             run.set_state(state, exit_code=code, ended=time.time())
         if how == Finish.DONE and code == 0:
@@ -143,11 +151,14 @@ def _drain_logs(run: Run) -> None:
         pass
 
 
+# How a run stopped ends: its exit status, whatever its teardown met, is its cause's.
+STOPPED_EXIT = {Finish.INTERRUPTED: EXIT_INTERRUPTED, Finish.TERMINATED: EXIT_TERMINATED,
+                Finish.HUNG_UP: EXIT_HUNG_UP, Finish.OUTPUT_CLOSED: EXIT_OUTPUT_CLOSED}
+
+
 def _exit_code(run: Run, how: str, problems: list[str]) -> int:
-    if how == Finish.INTERRUPTED:
-        return EXIT_INTERRUPTED
-    if how == Finish.TERMINATED:
-        return EXIT_TERMINATED
+    if how in STOPPED_EXIT:
+        return STOPPED_EXIT[how]
     if how == Finish.DOWN:
         return 1 if problems else 0
     if problems or run.failure:
@@ -163,7 +174,7 @@ def _summary(run: Run, artifacts: int, problems: list[str], code: int, how: str,
         "wall_time_s": None if wall_time is None else round(wall_time, 3),
         "loss_plot": None if plot is None else str(plot),
         "tensorboard": None if tensorboard is None else str(tensorboard),
-        "interrupted": how in Finish.STOPPED,
+        "interrupted": how in STOPPED_EXIT,
         "ended_by": how,
         "attempts": run.attempt,
         "failed_attempts": run.attempts,

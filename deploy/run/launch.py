@@ -40,7 +40,7 @@ from deploy.cluster.session import Session
 from deploy.state import localdir
 from deploy.state.events import (
     ArchiveNote, Detached, Interrupted, PayloadLeftOut, Pushed, RecordsAt, Reporter,
-    RunPlanned, TasksStarted
+    RunPlanned, StoppedUnstarted, TasksStarted
 )
 from deploy.state.record import (
     FollowLock, RunRecord, RunState, new_run_id, write_json, write_record
@@ -80,7 +80,9 @@ def train(inventory: Inventory, options: Options, settings: RunSettings,
             carry_kept_backup(run, resuming)
         launch(run, checked_ports, settings)
         mark("launch")
-        end.launched = True
+        end.launched = True       # told after: a hangup in the telling leaves them going
+        reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,
+                                   tuple(t.endpoint for t in run.plan.tasks)))
         if settings.detach and settings.restarts:
             # A controller that stays: in the background (or, should it not start, here).
             if hand_over(run, settings, end.lock):
@@ -205,8 +207,10 @@ def ending(run: Run, settings: RunSettings) -> Iterator[Ending]:
         end.how = Finish.by(interrupt)
         run.reporter.emit(Interrupted(end.how == Finish.TERMINATED))
     except HungUp as hangup:
-        if not end.launched:
-            end.how = Finish.INTERRUPTED     # nothing was started: nothing to go on
+        if not end.launched:                 # nothing was started: nothing to go on
+            end.how = Finish.by(hangup)
+            run.reporter.emit(StoppedUnstarted(run.plan.run_id, hangup.why,
+                                               isinstance(hangup, OutputClosed)))
         else:
             # The terminal (or the pipe's reader) is gone, the run is not: it goes on for
             # `inv logs --follow`.
@@ -260,8 +264,6 @@ def launch(run: Run, checked_ports: Mapping[str, list[int]] | None,
                                        attempt=run.attempt))
     with reporter.status(f"starting {len(run.plan.tasks)} task(s)…"):
         run.session.launch(run.plan, attempt=run.attempt)
-    reporter.emit(TasksStarted(len(run.plan.tasks), time.time() - run.started,
-                               tuple(t.endpoint for t in run.plan.tasks)))
 
 
 def follow(run: Run, settings: RunSettings) -> None:

@@ -278,6 +278,21 @@ def _found_again(run_id: str, runs_dir_flag: str) -> str:
 
 
 @record
+class StoppedUnstarted(Event):
+    """The terminal closed, or stdout's reader went away, before the run's tasks started:
+    nothing is left to go on, so what the run set up is torn down. `stdout_closed` as in
+    Detached."""
+    level: ClassVar[str] = WARNING
+    run_id: str
+    why: str
+    stdout_closed: bool = False
+
+    def text(self) -> str:
+        return (f"{self.why}no task of run {self.run_id} had started: tearing down what it "
+                "set up…")
+
+
+@record
 class Detached(Event):
     """The run goes on without this controller; how to find it again. `stdout_closed`: let go
     because stdout's reader is gone (reporters then say it on stderr too)."""

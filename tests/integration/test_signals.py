@@ -186,6 +186,36 @@ def test_a_reader_gone_from_the_pipe_leaves_the_run_going_and_says_so_on_stderr(
         clean_up(controller, run_id, hosts)
 
 
+def test_a_reader_gone_before_the_tasks_started_stops_the_run_and_says_so(lab, tmp_path):
+    """`inv train | head -3`: the reader leaves once the records are named, and the next write
+    (the push's line) fails before any task started. Nothing is left to go on: what was pushed
+    is torn down as by Ctrl-C, the exit status is the closed pipe's (141), and stderr says it."""
+    inventory, hosts, payload = lab
+    # A push long enough that the reader is gone before the push's line is written.
+    (payload / "weights.bin").write_bytes(os.urandom(24 << 20))
+    runs = tmp_path / "runs"
+    controller = subprocess.Popen(train_command(inventory, runs, payload, "50 0.3"),
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, preexec_fn=default_signals)
+    run_id = None
+    try:
+        while "local records in" not in (line := controller.stdout.readline()):
+            assert line, "the controller ended before naming its records"
+        controller.stdout.close()                    # head has read its three lines
+        (run_dir,) = runs.iterdir()
+        run_id = run_dir.name
+        assert controller.wait(timeout=60) == 141
+        said = controller.stderr.read()
+        assert "Traceback" not in said, said
+        assert f"no task of run {run_id} had started: tearing down" in said, said
+        assert record(runs, run_id)["state"] == "interrupted"
+        assert record(runs, run_id)["exit_code"] == 141
+        assert all(epoch_lines(log) == [] for log in run_dir.glob("*.log"))
+        assert_nothing_left(run_dir, hosts)
+    finally:
+        clean_up(controller, run_id, hosts)
+
+
 def wait_for_follower(runs: Path, run_id: str, follower: subprocess.Popen,
                       timeout: float = 60) -> None:
     """Until `follower` has taken the run over (its pid in the record)."""

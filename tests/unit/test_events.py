@@ -40,7 +40,7 @@ def samples() -> list[ev.Event]:
         ev.RunFailing("worker-1 failed: stopping the other tasks"),
         ev.HostLost("h2", "h2 (10.0.0.2): no heartbeat for 10 s", True),
         ev.FollowResumed("h2", "stream ended"), ev.Interrupted(False),
-        ev.Detached("r1", 2, "", ""), ev.FollowStopped("r1", ""),
+        ev.StoppedUnstarted("r1", ""), ev.Detached("r1", 2, "", ""), ev.FollowStopped("r1", ""),
         ev.RestartRefused("no restarts left (1 allowed): ending the run"),
         ev.Restarting(1, 2, "worker-1", "exit code 1"), ev.PortLost("port 5 on h1 was taken"),
         ev.AttemptStarted(2, ("127.0.0.1:3",), 2048, 1),
@@ -127,11 +127,14 @@ def test_orchestration_prints_nothing_itself():
 
 
 def test_a_run_let_go_for_a_closed_stdout_is_told_on_stderr_by_both_reporters(capsys):
-    """stdout's reader is gone (`inv train | head`): how to follow the run again goes to
-    stderr too, from the console reporter and the JSON one alike; otherwise stderr is quiet."""
-    quiet = (ev.Detached("r1", 2, "", ""), ev.FollowStopped("r1", ""))
+    """stdout's reader is gone (`inv train | head`): how to follow the run again, or that it
+    is torn down before its tasks started, goes to stderr too, from the console reporter and
+    the JSON one alike; otherwise stderr is quiet."""
+    quiet = (ev.StoppedUnstarted("r1", "the terminal closed: "), ev.Detached("r1", 2, "", ""),
+             ev.FollowStopped("r1", ""))
     told = (ev.Detached("r1", 2, "the output's reader is gone (a closed pipe): ", "",
-                        stdout_closed=True), ev.FollowStopped("r1", "", stdout_closed=True))
+                        stdout_closed=True), ev.FollowStopped("r1", "", stdout_closed=True),
+            ev.StoppedUnstarted("r2", "the output's reader is gone (a closed pipe): ", True))
     for reporter in (ConsoleReporter(Console(file=io.StringIO(), width=200)),
                      JsonReporter(io.StringIO())):
         for event in quiet:
@@ -143,3 +146,4 @@ def test_a_run_let_go_for_a_closed_stdout_is_told_on_stderr_by_both_reporters(ca
         assert "run r1 is running detached on 2 host(s)" in err
         assert "inv logs --run r1 --follow" in err
         assert "stopped following; run r1 goes on" in err
+        assert "no task of run r2 had started: tearing down what it set up" in err
