@@ -210,6 +210,7 @@ def test_a_reader_gone_before_the_tasks_started_stops_the_run_and_says_so(lab, t
         assert f"no task of run {run_id} had started: tearing down" in said, said
         assert record(runs, run_id)["state"] == "interrupted"
         assert record(runs, run_id)["exit_code"] == 141
+        assert json.loads((run_dir / "summary.json").read_text())["ended_by"] == "output closed"
         assert all(epoch_lines(log) == [] for log in run_dir.glob("*.log"))
         assert_nothing_left(run_dir, hosts)
     finally:
