@@ -72,11 +72,10 @@ class ConsoleReporter:
 
 
 def tell_stderr_too(event: ev.Event) -> None:
-    """A run let go, or stopped before its tasks started, because stdout's reader is gone
-    (`inv train | head`): that goes to stderr as well, which is often still the user's
+    """An event that says what became of a run because stdout's reader is gone (`inv train |
+    head`; its `stdout_closed`) goes to stderr as well, which is often still the user's
     terminal."""
-    if isinstance(event, (ev.StoppedUnstarted, ev.Detached, ev.FollowStopped)) and \
-            event.stdout_closed:
+    if getattr(event, "stdout_closed", False):
         say(Console(stderr=True, highlight=False), event.text(), STYLES[event.level],
             soft_wrap=True)
 
