@@ -278,7 +278,8 @@ def train(c, hosts="", payload="payload", entry="train.py", args="", dry_run=Fal
     input (nothing started anywhere); 130 after Ctrl-C, 143 after SIGTERM (both stop every
     task first; a second Ctrl-C abandons the teardown and names the `inv down` that ends it);
     129 when the terminal closed (SIGHUP), which leaves the run going for `inv logs --follow`,
-    as does a pipe whose reader went away (`| head`: 141).
+    as does a pipe whose reader went away (`| head`: 141); before the tasks started, either
+    one tears down what was pushed, as Ctrl-C does.
     """
     console, reporter = console_and_reporter(json)
     with reported(console):
