@@ -17,17 +17,22 @@ milliseconds reads coarsely, even above 100%).
 or once per host or task: the controller's imports, a host's agent up to its first beat and a
 task's supervisor (of `/bin/true`), beside a bare `python -I -S -c pass`; and of one mesh
 check connection (both of its ends, in one process), which a lab of N hosts on one machine
-pays N * (N - 1) times, with the share of it spent in the kernel.
+pays N * (N - 1) times, with the share of it spent in the kernel; and of a run's host key
+checks, 64 hosts against a user's known_hosts of 2,000 hashed lines and 256 against one of
+256 (each login looks itself up in every line).
 """
 from __future__ import annotations
 
 import argparse
+import base64
+import hmac
 import io
 import json
 import os
 import resource
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -207,6 +212,46 @@ def start_costs(repeats: int) -> None:
     print(f"  {'a mesh check connection (both ends)':<40} "
           f"{statistics.median(u + s for u, s in spent):6.0f} us  (in the kernel "
           f"{statistics.median(s for _, s in spent):.0f} us)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-known-hosts-") as tmp:
+        for lines, hosts in ((2000, 64), (256, 256)):
+            spent = known_hosts_ms(Path(tmp, "known_hosts"), lines, hosts, repeats)
+            print(f"  {f'host key lookups of {hosts} hosts':<40} {spent:6.0f} ms  (in a "
+                  f"known_hosts of {lines} hashed lines)", flush=True)
+
+
+# The host key checks of one run's logins, in a process of their own (as a run's are: the
+# first one reads the file): CPU milliseconds.
+KNOWN_HOSTS_LOOKUPS = """
+import sys, time
+from deploy.inventory.sshconfig import Hop
+from deploy.transport.hostkeys import OpenSshCheck
+file, hosts = sys.argv[1], int(sys.argv[2])
+started = time.process_time()
+for i in range(hosts):
+    hop = Hop(f"h{i}", f"10.1.{i // 250}.{i % 250 + 1}", 22)
+    assert OpenSshCheck(f"h{i}", hop, (file,), False).known
+print((time.process_time() - started) * 1000)
+"""
+
+
+def known_hosts_ms(path: Path, lines: int, hosts: int, repeats: int) -> float:
+    """Median CPU milliseconds of `hosts` host key checks (transport/hostkeys.py) against a
+    known_hosts of `lines` hashed lines (HashKnownHosts, Debian's default), the hosts among
+    them."""
+    names = [f"10.1.{i // 250}.{i % 250 + 1}" for i in range(lines)]
+    kind = b"ssh-ed25519"
+    blob = base64.b64encode(struct.pack(">I", len(kind)) + kind + struct.pack(">I", 32)
+                            + os.urandom(32)).decode()
+    with path.open("w") as out:
+        for name in names:
+            salt = os.urandom(20)
+            digest = hmac.new(salt, name.encode(), "sha1").digest()
+            out.write(f"|1|{base64.b64encode(salt).decode()}|"
+                      f"{base64.b64encode(digest).decode()} ssh-ed25519 {blob}\n")
+    spent = [float(subprocess.run([sys.executable, "-c", KNOWN_HOSTS_LOOKUPS, str(path),
+                                   str(hosts)], cwd=REPO, check=True, capture_output=True,
+                                  text=True).stdout) for _ in range(repeats)]
+    return statistics.median(spent)
 
 
 def mesh_connection_us(count: int) -> tuple[float, float]:

@@ -15,8 +15,10 @@ import os
 import re
 import shlex
 import struct
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import paramiko
 
@@ -50,26 +52,40 @@ class Entry:
     names: str           # the host patterns, or a hashed |1|salt|hash name
     keytype: str         # as the key itself says (the line's type field may lie)
     blob: bytes
+    # Whether a name is one of its names, made ready when the line is read: every host of a
+    # run looks itself up in every line, and a user's known_hosts may have thousands.
+    names_host: Callable[[str], bool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names_host", _matcher(self.names))
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
-    def names_host(self, name: str) -> bool:
-        if self.names.startswith("|1|"):
-            try:
-                salt, digest = (base64.b64decode(p) for p in self.names[3:].split("|"))
-            except ValueError:
-                return False
-            return hmac.compare_digest(hmac.new(salt, name.encode(), "sha1").digest(), digest)
-        matched = False
-        for pattern in self.names.lower().split(","):
-            negated = pattern.startswith("!")
-            if _glob(pattern[negated:]).fullmatch(name.lower()):
+
+def _matcher(names: str) -> Callable[[str], bool]:
+    """The test of a name against `names`: a hashed name's salt and digest decoded, or each
+    pattern compiled (and whether it is negated), once."""
+    if names.startswith("|1|"):
+        try:
+            salt, digest = (base64.b64decode(p) for p in names[3:].split("|"))
+        except ValueError:
+            return lambda name: False
+        return lambda name: hmac.compare_digest(hmac.digest(salt, name.encode(), "sha1"),
+                                                digest)
+    patterns = [(p.startswith("!"), _glob(p[p.startswith("!"):]))
+                for p in names.lower().split(",")]
+
+    def matches(name: str) -> bool:
+        name, matched = name.lower(), False
+        for negated, pattern in patterns:
+            if pattern.fullmatch(name):
                 if negated:
                     return False
                 matched = True
         return matched
+    return matches
 
 
 def _glob(pattern: str) -> re.Pattern:
@@ -84,26 +100,43 @@ def _keytype(blob: bytes) -> str:
     return blob[4:4 + size].decode("ascii", "replace")
 
 
+# Each file's entries, with the bytes they were read from: every host of a run looks itself
+# up in the same files, which are parsed again only when their bytes have changed (a key
+# accepted meanwhile). One parse at a time: the logins of a run start together.
+_parsed: dict[str, tuple[bytes, list[Entry]]] = {}
+_parsing = threading.Lock()
+
+
 def entries(files: tuple[str, ...]) -> list[Entry]:
     """Every host line of the files that exist; a line ssh would skip is skipped."""
     found = []
     for file in files:
         try:
-            text = Path(file).read_text(encoding="utf-8", errors="replace")
+            data = Path(file).read_bytes()
         except OSError:
             continue
-        for number, line in enumerate(text.splitlines(), 1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            marker = fields.pop(0) if fields[0] in (REVOKED, CERT_AUTHORITY) else ""
-            if len(fields) < 3:
-                continue
-            try:
-                blob = base64.b64decode(fields[2], validate=True)
-            except ValueError:
-                continue
-            found.append(Entry(file, number, marker, fields[0], _keytype(blob), blob))
+        with _parsing:
+            cached = _parsed.get(file)
+            if cached is None or cached[0] != data:
+                cached = _parsed[file] = (data, _parse(file, data))
+        found.extend(cached[1])
+    return found
+
+
+def _parse(file: str, data: bytes) -> list[Entry]:
+    found = []
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        marker = fields.pop(0) if fields[0] in (REVOKED, CERT_AUTHORITY) else ""
+        if len(fields) < 3:
+            continue
+        try:
+            blob = base64.b64decode(fields[2], validate=True)
+        except ValueError:
+            continue
+        found.append(Entry(file, number, marker, fields[0], _keytype(blob), blob))
     return found
 
 

@@ -74,3 +74,24 @@ def test_accept_new_writes_the_first_file_and_only_then(tmp_path, keys):
     assert (tmp_path / "known_hosts").read_text() == ""
     written = check(tmp_path, "", keys[0], accept_new=True)
     assert written == line("[10.0.0.5]:2222", keys[0])
+
+
+def test_a_file_is_parsed_once_for_every_host_until_its_bytes_change(tmp_path, keys,
+                                                                      monkeypatch):
+    """Every login of a run looks itself up in the same files: each is parsed once, and again
+    only when it changed (a key accepted meanwhile, a line edited to the same length)."""
+    parsed = []
+    parse = hostkeys._parse
+    monkeypatch.setattr(hostkeys, "_parse", lambda file, data: parsed.append(file) or
+                        parse(file, data))
+    known = tmp_path / "known_hosts"
+    known.write_text(line(hashed("[10.0.0.5]:2222"), keys[0]) + line("[10.0.0.6]:2222", keys[1]))
+    for host, key in (("10.0.0.5", keys[0]), ("10.0.0.6", keys[1])):
+        hostkeys.OpenSshCheck("a", Hop("a", host, 2222), (str(known),), False) \
+            .missing_host_key(None, "ignored", key)
+    assert parsed == [str(known)]
+    known.write_text(line("[10.0.0.6]:2222", keys[0]) + line(hashed("[10.0.0.5]:2222"), keys[1]))
+    with pytest.raises(hostkeys.HostKeyRefused, match="HOST KEY CHANGED"):
+        hostkeys.OpenSshCheck("a", Hop("a", "10.0.0.6", 2222), (str(known),), False) \
+            .missing_host_key(None, "ignored", keys[1])
+    assert parsed == [str(known)] * 2
