@@ -9,7 +9,11 @@ work all of its processes do, and the share of the cores left idle. That work is
 this side's (the ssh clients, or the controller) and the hosts' (every session the lab's sshd
 servers ended: its login, shell, agent and tasks).
 
-    python benchmarks/bench_hosts.py [--repeats 3] [--hosts 16 64]
+`--key-type rsa` logs both sides in with a 3072-bit RSA key (`ssh-keygen -t rsa`'s default,
+still many users' `~/.ssh/id_rsa`) instead of the lab's Ed25519 one: loading an RSA key costs
+a Python client far more CPU than an Ed25519 one.
+
+    python benchmarks/bench_hosts.py [--repeats 3] [--hosts 16 64] [--key-type rsa]
 """
 from __future__ import annotations
 
@@ -121,8 +125,9 @@ def busy_during(run: Callable[[], float], busy: dict[str, list[float]],
     return elapsed
 
 
-def measure(count: int, repeats: int, tmp: Path) -> None:
-    with SshLab(tmp / f"lab{count}", first_octet=FIRST_OCTET) as lab:
+def measure(count: int, repeats: int, tmp: Path, key_type: str = "ed25519") -> None:
+    with SshLab(tmp / f"lab{count}-{key_type}", first_octet=FIRST_OCTET,
+                key_type=key_type) as lab:
         hosts = lab.start(count)
         inventory = lab.write_inventory(tmp / f"hosts{count}.yaml", hosts)
         config = ssh_config(lab, hosts, tmp / f"ssh_config{count}")
@@ -142,7 +147,8 @@ def measure(count: int, repeats: int, tmp: Path) -> None:
                 "train", "--hosts", str(inventory), "--payload", str(payload), "--entry",
                 "noop.py", "--runs-dir", str(tmp / "runs")), busy["train"], sshd))
     s = statistics.median(ssh)
-    print(f"{count} SSH hosts on loopback; {repeats} repeats, alternating")
+    print(f"{count} SSH hosts on loopback, a client key of type {key_type}; {repeats} repeats, "
+          "alternating")
     print(line(f"{count} parallel ssh python3 noop.py:", ssh, 40))
     print(line("inv check:", check, 40))
     print(line("inv train (trivial payload):", train, 40))
@@ -165,10 +171,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hosts", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--key-type", choices=("ed25519", "rsa"), default="ed25519",
+                        help="the client key both sides log in with")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
         for count in opts.hosts:
-            measure(count, opts.repeats, Path(tmp))
+            measure(count, opts.repeats, Path(tmp), opts.key_type)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ class SshLab:
     """Starts and stops lab sshd servers under ``base_dir``. Use as a context manager."""
 
     def __init__(self, base_dir: Path, *, first_octet: int = FIRST_HOST_OCTET,
-                 network: int = 0, sshd: Path = SSHD) -> None:
+                 network: int = 0, sshd: Path = SSHD, key_type: str = "ed25519") -> None:
         self.base_dir = Path(base_dir).resolve()
         self.sshd = Path(sshd)
         self.user = getpass.getuser()
@@ -87,7 +87,9 @@ class SshLab:
         self._next_address = network * 256 + first_octet
         self._count = 0
         self._servers: list[_Server] = []
-        self.identity_file = self.base_dir / "id_ed25519"
+        # The client's key: "rsa" for the 3072-bit RSA key many users still log in with.
+        self.key_type = key_type
+        self.identity_file = self.base_dir / f"id_{key_type}"
         self.known_hosts = self.base_dir / "known_hosts"
         self.authorized_keys = self.base_dir / "authorized_keys"
         self._prepared = False
@@ -230,7 +232,7 @@ class SshLab:
         # sshd refuses to start without its privilege separation directory.
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         if not self.identity_file.exists():
-            _keygen(self.identity_file, comment="tfdeploy-lab-client")
+            _keygen(self.identity_file, comment="tfdeploy-lab-client", key_type=self.key_type)
         self.authorized_keys.write_text(Path(f"{self.identity_file}.pub").read_text())
         self.authorized_keys.chmod(0o600)
         self.known_hosts.touch(mode=0o600)
@@ -403,9 +405,9 @@ def _wait_listening(server: _Server, timeout: float = READY_TIMEOUT) -> None:
                    f"{timeout:.0f}s; log {host.log}:\n{_tail(host.log)}")
 
 
-def _keygen(path: Path, comment: str) -> None:
+def _keygen(path: Path, comment: str, key_type: str = "ed25519") -> None:
     try:
-        subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", comment,
+        subprocess.run([SSH_KEYGEN, "-q", "-t", key_type, "-N", "", "-C", comment,
                         "-f", str(path)], check=True, capture_output=True, text=True,
                        stdin=subprocess.DEVNULL)
     except FileNotFoundError:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import paramiko
 
+from deploy.transport.keyfiles import any_private_key
+
 # How many length-prefixed fields of the certified public key follow the nonce, by type.
 KEY_FIELDS = {
     "ssh-rsa-cert-v01@openssh.com": 2, "ssh-dss-cert-v01@openssh.com": 4,
@@ -105,11 +107,11 @@ def certified_key(certificate_files: tuple[str, ...],
             except ValueError:
                 continue
     paired = None
-    for key_file in key_files:
+    for key_file in key_files if configured else ():     # no CertificateFile: nothing to pair
         if paired is not None:
             break
         try:
-            key = paramiko.PKey.from_path(key_file)
+            key = any_private_key(key_file)
         except (paramiko.SSHException, OSError, ValueError, TypeError):
             continue
         for certificate in (c for c in certificates if c.path in configured):

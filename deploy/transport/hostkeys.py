@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import struct
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -24,6 +23,7 @@ import paramiko
 
 from deploy.errors import Failure
 from deploy.inventory.sshconfig import Hop
+from deploy.transport.filecache import ParsedFiles
 
 REVOKED, CERT_AUTHORITY = "@revoked", "@cert-authority"
 # The key types a known_hosts type line stands for when paramiko chooses an algorithm.
@@ -100,26 +100,14 @@ def _keytype(blob: bytes) -> str:
     return blob[4:4 + size].decode("ascii", "replace")
 
 
-# Each file's entries, with the bytes they were read from: every host of a run looks itself
-# up in the same files, which are parsed again only when their bytes have changed (a key
-# accepted meanwhile). One parse at a time: the logins of a run start together.
-_parsed: dict[str, tuple[bytes, list[Entry]]] = {}
-_parsing = threading.Lock()
-
-
 def entries(files: tuple[str, ...]) -> list[Entry]:
     """Every host line of the files that exist; a line ssh would skip is skipped."""
     found = []
     for file in files:
         try:
-            data = Path(file).read_bytes()
+            found += _PARSED.get(file)
         except OSError:
             continue
-        with _parsing:
-            cached = _parsed.get(file)
-            if cached is None or cached[0] != data:
-                cached = _parsed[file] = (data, _parse(file, data))
-        found.extend(cached[1])
     return found
 
 
@@ -138,6 +126,10 @@ def _parse(file: str, data: bytes) -> list[Entry]:
             continue
         found.append(Entry(file, number, marker, fields[0], _keytype(blob), blob))
     return found
+
+
+# Every login of a run looks itself up in the same files.
+_PARSED: ParsedFiles[list[Entry]] = ParsedFiles(_parse)
 
 
 def lookup_name(hop: Hop) -> str:

@@ -26,6 +26,7 @@ from deploy.inventory.sshconfig import Hop
 from deploy.transport import hostkeys, proxy
 from deploy.transport.base import LoginFailed
 from deploy.transport.certificates import Certificate, certified_key, refusal
+from deploy.transport.keyfiles import key_from_file
 
 # The key files ssh and paramiko try where none is configured.
 DEFAULT_KEYS = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
@@ -126,6 +127,8 @@ class HostLogin:
                            config=FabricConfig(ssh_config=paramiko.SSHConfig()),
                            connect_kwargs=kwargs)
         login.client.set_missing_host_key_policy(check)
+        # paramiko would load the key files again at every login (keyfiles.py).
+        login.client._key_from_filepath = key_from_file(login.client._key_from_filepath)
         if kwargs["allow_agent"] and hop.identity_agent not in (None, "SSH_AUTH_SOCK"):
             # paramiko asks only $SSH_AUTH_SOCK's agent; an IdentityAgent socket is given
             # to the client as the agent it would otherwise make itself.

@@ -11,6 +11,7 @@ import pytest
 
 from deploy.inventory.sshconfig import Hop
 from deploy.transport import hostkeys
+from deploy.transport.filecache import ParsedFiles
 
 
 
@@ -82,8 +83,8 @@ def test_a_file_is_parsed_once_for_every_host_until_its_bytes_change(tmp_path, k
     only when it changed (a key accepted meanwhile, a line edited to the same length)."""
     parsed = []
     parse = hostkeys._parse
-    monkeypatch.setattr(hostkeys, "_parse", lambda file, data: parsed.append(file) or
-                        parse(file, data))
+    monkeypatch.setattr(hostkeys, "_PARSED", ParsedFiles(
+        lambda file, data: parsed.append(file) or parse(file, data)))
     known = tmp_path / "known_hosts"
     known.write_text(line(hashed("[10.0.0.5]:2222"), keys[0]) + line("[10.0.0.6]:2222", keys[1]))
     for host, key in (("10.0.0.5", keys[0]), ("10.0.0.6", keys[1])):
