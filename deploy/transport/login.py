@@ -127,8 +127,11 @@ class HostLogin:
                            config=FabricConfig(ssh_config=paramiko.SSHConfig()),
                            connect_kwargs=kwargs)
         login.client.set_missing_host_key_policy(check)
-        # paramiko would load the key files again at every login (keyfiles.py).
-        login.client._key_from_filepath = key_from_file(login.client._key_from_filepath)
+        # paramiko would load the key files again at every login (keyfiles.py). Its loader is
+        # private: a paramiko without it loads them itself, as before.
+        paramikos = getattr(login.client, "_key_from_filepath", None)
+        if paramikos is not None:
+            login.client._key_from_filepath = key_from_file(paramikos)
         if kwargs["allow_agent"] and hop.identity_agent not in (None, "SSH_AUTH_SOCK"):
             # paramiko asks only $SSH_AUTH_SOCK's agent; an IdentityAgent socket is given
             # to the client as the agent it would otherwise make itself.

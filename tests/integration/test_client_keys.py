@@ -8,11 +8,16 @@ import getpass
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
+from deploy.inventory.load import load_inventory
+from deploy.transport import keyfiles
+from deploy.transport.connect import connect
+from deploy.transport.filecache import ParsedFiles
 from sshlab import SshLab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,3 +63,23 @@ def test_the_default_id_rsa_logs_in_where_no_key_is_configured(rsa_lab, tmp_path
     done = check(path, home)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all checks passed" in done.stdout
+
+
+def test_the_logins_of_many_hosts_load_the_key_file_once(rsa_lab, tmp_path, monkeypatch):
+    """In this process, as a run's logins are: all at once, each with the key named."""
+    loaded = []
+    load = keyfiles._load
+    monkeypatch.setattr(keyfiles, "_KEYS", ParsedFiles(
+        lambda path, data, kind: loaded.append((path, kind.__name__)) or load(path, data, kind)))
+    hosts = rsa_lab.start(4)
+    inventory = load_inventory(rsa_lab.write_inventory(tmp_path / "hosts.yaml", hosts))
+    transports = []
+    try:
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            for transport in pool.map(connect, inventory.hosts):
+                transports.append(transport)
+        assert all(t.run("true").code == 0 for t in transports)
+    finally:
+        for transport in transports:
+            transport.close()
+    assert loaded == [(str(rsa_lab.identity_file), "RSAKey")]
