@@ -4,10 +4,8 @@ no key configured, logs in to every host of a run, all of them with the one key 
 (deploy/transport/keyfiles.py)."""
 from __future__ import annotations
 
-import getpass
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,10 +15,9 @@ import yaml
 from deploy.inventory.load import load_inventory
 from deploy.transport import keyfiles
 from deploy.transport.connect import connect
+from asuser import inv_as_user
 from deploy.transport.filecache import ParsedFiles
 from sshlab import SshLab
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +28,7 @@ def rsa_lab(tmp_path_factory):
 
 def check(inventory: Path, home: Path) -> subprocess.CompletedProcess:
     # No ssh-agent: the key files alone log in.
-    env = {"COLUMNS": "300", "PATH": "/usr/bin:/bin", "HOME": str(home),
-           "USER": getpass.getuser(), "LOGNAME": getpass.getuser()}
-    return subprocess.run([sys.executable, "-m", "invoke", "check", "--hosts", str(inventory)],
-                          cwd=REPO, text=True, capture_output=True, timeout=300, env=env)
+    return inv_as_user("check", "--hosts", str(inventory), home=home, columns=300)
 
 
 def test_an_rsa_key_named_in_the_inventory_logs_in_to_every_host(rsa_lab, tmp_path):

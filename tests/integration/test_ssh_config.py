@@ -7,7 +7,6 @@ The controller runs with HOME set to a directory of the test's own, so neither t
 """
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import pwd
@@ -23,21 +22,12 @@ import yaml
 from netlan import GatewayLan
 from netns import NetnsUnavailable
 
+from asuser import inv_as_user as inv
 from procs import wait_until_gone
 from sshlab import SshLab
 
 
-REPO = Path(__file__).resolve().parents[2]
 QUICK = "--epochs 2 --steps-per-epoch 5"
-
-
-def inv(*args: str, home: Path, agent: str | None = None) -> subprocess.CompletedProcess:
-    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(home),
-           "USER": getpass.getuser(), "LOGNAME": getpass.getuser()}
-    if agent:
-        env["SSH_AUTH_SOCK"] = agent
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300, env=env)
 
 
 def shown_user(user: str) -> str:

@@ -10,7 +10,6 @@ never read. Nothing connects anywhere.
 """
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import os
@@ -19,12 +18,12 @@ import re
 import shlex
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from asuser import inv_as_user
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "ssh_corpus"
@@ -138,11 +137,7 @@ def corpus_case(name: str, tmp_path: Path) -> tuple[Path, list[tuple], bool]:
 
 
 def inv_hosts(inventory: Path, home: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "USER": getpass.getuser(),
-           "LOGNAME": getpass.getuser(), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "invoke", "hosts", "--hosts", str(inventory),
-                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env=env)
+    return inv_as_user("hosts", "--hosts", str(inventory), "--json", home=home, timeout=120)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CORPUS.glob("*.conf")))

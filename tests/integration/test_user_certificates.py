@@ -10,7 +10,6 @@ The controller runs with HOME set to a directory of the test's own: no key of th
 """
 from __future__ import annotations
 
-import getpass
 import shutil
 import subprocess
 import sys
@@ -19,16 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from asuser import inv_as_user
 from sshlab import SshLab
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def inv(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {"COLUMNS": "300", "PATH": "/usr/bin:/bin", "HOME": str(home),
-           "USER": getpass.getuser(), "LOGNAME": getpass.getuser()}
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=300, env=env)
+    return inv_as_user(*args, home=home, columns=300)
 
 
 def keygen(path: Path) -> Path:
