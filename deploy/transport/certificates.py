@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import paramiko
 
-from deploy.transport.keyfiles import any_private_key
+from deploy.transport.keyfiles import CERT_SUFFIX, any_private_key
 
 # How many length-prefixed fields of the certified public key follow the nonce, by type.
 KEY_FIELDS = {
@@ -100,7 +100,7 @@ def certified_key(certificate_files: tuple[str, ...],
     holds it unlocked, is offered after the files."""
     certificates = []
     configured = [os.path.expanduser(path) for path in certificate_files]
-    for path in dict.fromkeys([*configured, *(f"{k}-cert.pub" for k in key_files)]):
+    for path in dict.fromkeys([*configured, *(k + CERT_SUFFIX for k in key_files)]):
         if os.path.isfile(path):
             try:
                 certificates.append(read_certificate(path))

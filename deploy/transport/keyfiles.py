@@ -35,14 +35,14 @@ def private_key(path: str, kind: type[paramiko.PKey]) -> paramiko.PKey:
 
 
 def any_private_key(path: str) -> paramiko.PKey:
-    """The key in file `path`, of whichever type it is."""
-    failure: paramiko.SSHException | None = None
-    for kind in KINDS:
+    """The key in file `path`, of whichever type it is; the last type's SSHException where it
+    is none of them."""
+    for kind in KINDS[:-1]:
         try:
             return private_key(path, kind)
-        except paramiko.SSHException as exc:
-            failure = exc
-    raise failure or paramiko.SSHException(f"{path}: not a private key")
+        except paramiko.SSHException:
+            continue
+    return private_key(path, KINDS[-1])
 
 
 def key_from_file(paramikos: Callable[..., paramiko.PKey]) -> Callable[..., paramiko.PKey]:
