@@ -63,7 +63,7 @@ from deploy.run.submitted import submit as submit_run
 from deploy.run.envsetup import requirements_hash
 from deploy.run.envsetup import setup as setup_envs
 from deploy.run.signals import (
-    EXIT_OUTPUT_CLOSED, HungUp, Terminated, controller_signals, exit_code, to_devnull
+    HungUp, Terminated, closed_output_ends_quietly, controller_signals, exit_code
 )
 from deploy.state.events import CheckReported, PayloadLeftOut
 from deploy.state.localdir import private_umask
@@ -73,6 +73,7 @@ from deploy.timeline import mark
 gc.freeze()
 gc.enable()
 mark("imports")
+closed_output_ends_quietly()
 
 
 def task(**kwargs):
@@ -657,15 +658,6 @@ class TfdeployProgram(Program):
                            lambda m: f"{m[1]}{m[2]}={VALUES.get(m[1], 'TEXT')}", names)
             shown.append((names.replace("STRING", "TEXT"), text))
         super().print_columns(shown)
-
-    def run(self, argv=None, exit=True) -> None:
-        """Invoke's run, where help or a list cut short by a closed pipe (`tfdeploy --help |
-        head`) ends as a task's output does (OutputClosed), not in a traceback."""
-        try:
-            super().run(argv, exit)
-        except BrokenPipeError:
-            to_devnull(sys.stdout)
-            raise SystemExit(EXIT_OUTPUT_CLOSED) from None
 
     def parse_core(self, argv) -> None:
         try:

@@ -100,6 +100,27 @@ def to_devnull(stream) -> None:
     _fd_to_devnull(fd)
 
 
+def closed_output_ends_quietly() -> None:
+    """A closed pipe met outside a task's own handling (Invoke's help or task list: `inv
+    --help | head`) ends the process as one met inside does: exit 141, no traceback. Invoke
+    prints those before any task runs, and lets the error reach the top."""
+    previous = sys.excepthook
+    if getattr(previous, "closed_output_ends_quietly", False):
+        return
+
+    def hook(kind, value, traceback):
+        if not issubclass(kind, BrokenPipeError):
+            previous(kind, value, traceback)
+            return
+        to_devnull(sys.stdout)
+        to_devnull(sys.stderr)
+        # At once: the interpreter's exit would flush the closed stream and say so.
+        os._exit(EXIT_OUTPUT_CLOSED)
+
+    hook.closed_output_ends_quietly = True
+    sys.excepthook = hook
+
+
 def _fd_to_devnull(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
