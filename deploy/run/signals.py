@@ -27,6 +27,7 @@ from __future__ import annotations
 import _thread
 import errno
 import os
+import select
 import signal
 import stat
 import sys
@@ -101,15 +102,16 @@ def to_devnull(stream) -> None:
 
 
 def closed_output_ends_quietly() -> None:
-    """A closed pipe met outside a task's own handling (Invoke's help or task list: `inv
-    --help | head`) ends the process as one met inside does: exit 141, no traceback. Invoke
-    prints those before any task runs, and lets the error reach the top."""
+    """A closed pipe met outside a task's own handling (Invoke's help or task list: `tfdeploy
+    --help | head`, `inv --list | head`) ends the process as one met inside does: exit 141, no
+    traceback. Invoke prints those before any task runs, and lets the error reach the top.
+    Any other BrokenPipeError (a socket's, with stdout still read) keeps its traceback."""
     previous = sys.excepthook
     if getattr(previous, "closed_output_ends_quietly", False):
         return
 
     def hook(kind, value, traceback):
-        if not issubclass(kind, BrokenPipeError):
+        if not (issubclass(kind, BrokenPipeError) and any(map(_reader_gone, (1, 2)))):
             previous(kind, value, traceback)
             return
         to_devnull(sys.stdout)
@@ -119,6 +121,18 @@ def closed_output_ends_quietly() -> None:
 
     hook.closed_output_ends_quietly = True
     sys.excepthook = hook
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether `fd` is a pipe whose reading end is closed (poll says POLLERR)."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except OSError:
+        return False
 
 
 def _fd_to_devnull(fd: int) -> None:

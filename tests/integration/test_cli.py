@@ -79,3 +79,26 @@ def test_output_cut_short_by_a_closed_pipe_ends_quietly_with_141(tmp_path):
                 os.close(write_end)
             assert done.returncode == 141, (program.name, args, done.stderr)
             assert done.stderr == "", (program.name, args, done.stderr)
+
+
+def test_a_broken_pipe_reaching_the_top_is_quiet_only_when_stdout_lost_its_reader():
+    """closed_output_ends_quietly: Invoke's own help meeting `| head` exits 141 without a
+    traceback; a BrokenPipeError of anything else (a socket's) keeps its traceback."""
+    program = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+               "from deploy.run.signals import closed_output_ends_quietly\n"
+               "closed_output_ends_quietly()\n"
+               "print('usage ' * 20000)\n"              # larger than a pipe's buffer
+               "raise BrokenPipeError(32, 'Broken pipe')\n")
+    repo = str(REPO)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        gone = subprocess.run([sys.executable, "-c", program, repo], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (gone.returncode, gone.stderr) == (141, "")
+    kept = subprocess.run([sys.executable, "-c", program, repo], capture_output=True,
+                          text=True, timeout=60)
+    assert kept.returncode == 1 and "Traceback" in kept.stderr, kept.stderr
+    assert "BrokenPipeError" in kept.stderr
