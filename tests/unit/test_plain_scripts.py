@@ -126,6 +126,38 @@ def test_the_check_at_80_columns_keeps_every_cell_whole():
     assert "│ gpu-server-0 │ 10.20.30.0 │ 3.11.2 │" in wide.export_text()
 
 
+def test_the_check_at_any_width_is_a_whole_table_or_blocks_never_a_cropped_table():
+    """Within a few cells of fitting, rich's own narrowing cropped the table's right edge
+    (the problems column's border, at 98-100 columns for one local host): now every width
+    from 40 to 200 shows either the table with each line closed by its border, or blocks."""
+    from rich.text import Text
+    from deploy.console.checkview import COLUMNS, HostRows
+
+    def row(host, address, ports, mesh="ok", problems="ok"):
+        return [Text(v) for v in (host, address, "3.11.7", "2.21.0", "2.21.0", "2.4.6",
+                                  "77.6 GiB", ports, mesh, problems)]
+    hosts = [row("local", "local", "49011, 57223"),
+             row("gpu-node-17", "10.1.2.17", ", ".join(str(40000 + i) for i in range(8)),
+                 "#1, #2", "#3, #4, #5")]
+    kinds = set()
+    for width in range(40, 201):
+        console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+        console.print(HostRows("check", hosts))
+        lines = console.export_text().splitlines()
+        assert max(len(line) for line in lines) <= width
+        shown = " ".join(lines)
+        assert all(word in shown for cells in hosts for cell in cells
+                   for word in cell.plain.split()), (width, lines)
+        if lines[1].startswith("┏"):
+            kinds.add("table")
+            assert all(line[-1] in "┓┃┩│┘" for line in lines[1:]), (width, lines)
+            assert all(column in shown for column in COLUMNS), (width, lines)
+        else:
+            kinds.add("blocks")
+            assert "  problems: #3, #4, #5" in lines, (width, lines)
+    assert kinds == {"table", "blocks"}
+
+
 def test_a_logs_last_lines_are_read_from_its_end(tmp_path):
     """`logs --tail N`: the last N lines the console would show, read backwards in pieces
     (a piece of 8 bytes here, so that lines span pieces), chatter skipped unless raw."""
