@@ -1,12 +1,12 @@
 """`inv check`'s answer as people read it: one row per host, and each problem in words."""
 from __future__ import annotations
 
-from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from deploy.console.plain import plain
+from deploy.console.widths import fitted_widths
 from deploy.host.probe import PACKAGES
 from deploy.plan.checks import CheckReport, gpu_lines, rows
 
@@ -19,59 +19,21 @@ class HostRows:
     (a narrow or piped terminal) one block of `column: value` lines per host, so that no
     cell is ever broken one character per line, nor cut off at the terminal's edge."""
 
+    # Lists (ports, mesh, problem numbers) wrap at their commas; the rest stay whole.
     WRAPPING = ("ports", "mesh", "problems")
-    # Each column's padding (a space either side) and border, and the table's last border.
-    BORDERS = 3 * len(COLUMNS) + 1
 
     def __init__(self, title: str, cells: list[list[Text]]):
         self.title, self.cells = title, cells
 
-    def table(self, widths: list[int] | None = None) -> Table:
-        """The table; with `widths`, each column exactly that wide (the cells inside it)."""
-        table = Table(title=self.title, title_justify="left")
-        for i, column in enumerate(COLUMNS):
-            # Lists (ports, mesh, problem numbers) wrap at their commas; the rest stay whole.
-            table.add_column(column, no_wrap=column not in self.WRAPPING,
-                             min_width=len(column), width=widths[i] if widths else None)
-        for cells in self.cells:
-            table.add_row(*cells)
-        return table
-
-    def widths(self) -> tuple[list[int], list[int]]:
-        """Each column's narrowest width with every cell whole (a list: its longest item, and
-        at least its header) and its widest (every cell on one line)."""
-        narrowest, widest = [], []
-        for i, column in enumerate(COLUMNS):
-            texts = [cells[i].plain for cells in self.cells]
-            widest.append(max([len(column)] + [cell_len(t) for t in texts]))
-            if column in self.WRAPPING:
-                narrowest.append(max([len(column)] + [cell_len(word) for t in texts
-                                                      for word in t.split()]))
-            else:
-                narrowest.append(widest[-1])
-        return narrowest, widest
-
-    def fitted(self, room: int) -> list[int] | None:
-        """Column widths that fill at most `room` cells (borders and padding aside): every
-        column as wide as its cells, the lists narrowed where they must be; None where even
-        the narrowest do not fit. Set here rather than left to rich, whose narrowing of a table
-        too wide crops the cells it cannot wrap (the problems column first) when it is within
-        a few cells of fitting."""
-        narrowest, widest = self.widths()
-        spare = room - sum(narrowest)
-        if spare < 0:
-            return None
-        fitted = list(narrowest)
-        for i, column in enumerate(COLUMNS):
-            grow = min(spare, widest[i] - narrowest[i])
-            fitted[i] += grow
-            spare -= grow
-        return fitted
-
     def __rich_console__(self, console, options):
-        widths = self.fitted(options.max_width - self.BORDERS)
+        widths = fitted_widths(COLUMNS, self.WRAPPING, self.cells, options.max_width)
         if widths is not None:
-            yield self.table(widths)
+            table = Table(title=self.title, title_justify="left")
+            for column, width in zip(COLUMNS, widths):
+                table.add_column(column, no_wrap=column not in self.WRAPPING, width=width)
+            for cells in self.cells:
+                table.add_row(*cells)
+            yield table
             return
         yield Text(self.title)
         for cells in self.cells:

@@ -13,6 +13,7 @@ from rich.text import Text
 from deploy.console.flood import SAMPLE_LINES, LineBudget, Skipped, skipped_text
 from deploy.console.lines import number, shown_line
 from deploy.console.plain import plain
+from deploy.console.widths import fitted_widths
 from deploy.state.events import RunListed, TaskLastLines
 from deploy.state.progress import NewLines, TaskProgress, losses_agree
 from deploy.state.record import RunState
@@ -129,29 +130,41 @@ def status_table(tasks: list[TaskProgress], title: str) -> Table:
     return table
 
 
-def grouped_table(tasks: list[TaskProgress], title: str) -> Table:
+GROUPED_COLUMNS = ("tasks", "hosts", "state", "epoch", "loss", "ETA")
+
+
+def grouped_table(tasks: list[TaskProgress], title: str, width: int | None = None) -> Table:
     """The status table when a row per task would not fit the terminal (hundreds of hosts):
     a row per task type and state, with how many tasks and hosts are in it, how far they are
-    and how they go. A failed or lost task stands in a row of its own state."""
+    and how they go. A failed or lost task stands in a row of its own state. With the
+    terminal's `width`, the columns fitted to it (widths.py): the group's name wraps so that
+    the figures beside it stay whole."""
     groups: dict[tuple[str, str], list[TaskProgress]] = {}
     for t in tasks:
         groups.setdefault((t.role, state_text(t).plain), []).append(t)
-    table = Table(title=f"{title} ({len(tasks)} tasks, a row per kind and state)",
-                  title_justify="left", expand=False)
-    for column in ("tasks", "hosts", "state", "epoch", "loss", "ETA"):
-        table.add_column(column, no_wrap=True)
+    rows = []
     for (role, state), members in groups.items():
         epochs = [t.epoch for t in members if t.epoch is not None]
         losses = [t.loss for t in members if t.loss is not None]
         etas = [t.eta_seconds for t in members if t.eta_seconds is not None]
         names = members[0].name if len(members) == 1 else \
             f"{len(members)} × {role}: {members[0].name} … {members[-1].name}"
-        table.add_row(names, str(len({t.host for t in members})), state_text(members[0]),
-                      "" if not epochs else (f"{min(epochs)}" if min(epochs) == max(epochs)
-                                             else f"{min(epochs)}–{max(epochs)}"),
-                      "" if not losses else number(losses[0]) if len(losses) == 1
-                      else f"mean {number(sum(losses) / len(losses))}",
-                      duration_text(max(etas)) if etas and state == "running" else "")
+        rows.append([Text(names), Text(str(len({t.host for t in members}))),
+                     state_text(members[0]),
+                     Text("" if not epochs else (f"{min(epochs)}" if min(epochs) == max(epochs)
+                                                 else f"{min(epochs)}–{max(epochs)}")),
+                     Text("" if not losses else number(losses[0]) if len(losses) == 1
+                          else f"mean {number(sum(losses) / len(losses))}"),
+                     Text(duration_text(max(etas)) if etas and state == "running" else "")])
+    wrapping = ("tasks", "loss")
+    widths = fitted_widths(GROUPED_COLUMNS, wrapping, rows, width) if width else None
+    table = Table(title=f"{title} ({len(tasks)} tasks, a row per kind and state)",
+                  title_justify="left", expand=False)
+    for i, column in enumerate(GROUPED_COLUMNS):
+        table.add_column(column, no_wrap=column not in wrapping,
+                         width=widths[i] if widths else None)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -195,7 +208,8 @@ class LiveView:
         bar = run_progress(self.tasks)
         # A row per task while they fit with room left for the lines scrolling above.
         fits = len(self.tasks) + ROOM <= self.console.size.height
-        table = (status_table if fits else grouped_table)(self.tasks, self.title)
+        table = (status_table(self.tasks, self.title) if fits else
+                 grouped_table(self.tasks, self.title, self.console.width))
         return table if bar is None else Group(table, bar)
 
     def __enter__(self) -> "LiveView":
