@@ -133,12 +133,12 @@ def status_table(tasks: list[TaskProgress], title: str) -> Table:
 GROUPED_COLUMNS = ("tasks", "hosts", "state", "epoch", "loss", "ETA")
 
 
-def grouped_table(tasks: list[TaskProgress], title: str, width: int | None = None) -> Table:
+def grouped_table(tasks: list[TaskProgress], title: str, width: int) -> Table:
     """The status table when a row per task would not fit the terminal (hundreds of hosts):
     a row per task type and state, with how many tasks and hosts are in it, how far they are
-    and how they go. A failed or lost task stands in a row of its own state. With the
-    terminal's `width`, the columns fitted to it (widths.py): the group's name wraps so that
-    the figures beside it stay whole."""
+    and how they go. A failed or lost task stands in a row of its own state. The columns are
+    fitted to the terminal's `width` (widths.py): the group's name wraps so that the figures
+    beside it stay whole."""
     groups: dict[tuple[str, str], list[TaskProgress]] = {}
     for t in tasks:
         groups.setdefault((t.role, state_text(t).plain), []).append(t)
@@ -157,7 +157,7 @@ def grouped_table(tasks: list[TaskProgress], title: str, width: int | None = Non
                           else f"mean {number(sum(losses) / len(losses))}"),
                      Text(duration_text(max(etas)) if etas and state == "running" else "")])
     wrapping = ("tasks", "loss")
-    widths = fitted_widths(GROUPED_COLUMNS, wrapping, rows, width) if width else None
+    widths = fitted_widths(GROUPED_COLUMNS, wrapping, rows, width)
     table = Table(title=f"{title} ({len(tasks)} tasks, a row per kind and state)",
                   title_justify="left", expand=False)
     for i, column in enumerate(GROUPED_COLUMNS):
