@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from deploy.console.plain import plain
-from deploy.console.widths import fitted_widths
+from deploy.console.widths import fitted_widths, table_of
 from deploy.host.probe import PACKAGES
 from deploy.plan.checks import CheckReport, gpu_lines, rows
 
@@ -28,12 +27,7 @@ class HostRows:
     def __rich_console__(self, console, options):
         widths = fitted_widths(COLUMNS, self.WRAPPING, self.cells, options.max_width)
         if widths is not None:
-            table = Table(title=self.title, title_justify="left")
-            for column, width in zip(COLUMNS, widths):
-                table.add_column(column, no_wrap=column not in self.WRAPPING, width=width)
-            for cells in self.cells:
-                table.add_row(*cells)
-            yield table
+            yield table_of(self.title, COLUMNS, self.WRAPPING, self.cells, widths)
             return
         yield Text(self.title)
         for cells in self.cells:

@@ -13,7 +13,7 @@ from rich.text import Text
 from deploy.console.flood import SAMPLE_LINES, LineBudget, Skipped, skipped_text
 from deploy.console.lines import number, shown_line
 from deploy.console.plain import plain
-from deploy.console.widths import fitted_widths
+from deploy.console.widths import fitted_widths, table_of
 from deploy.state.events import RunListed, TaskLastLines
 from deploy.state.progress import NewLines, TaskProgress, losses_agree
 from deploy.state.record import RunState
@@ -157,15 +157,8 @@ def grouped_table(tasks: list[TaskProgress], title: str, width: int) -> Table:
                           else f"mean {number(sum(losses) / len(losses))}"),
                      Text(duration_text(max(etas)) if etas and state == "running" else "")])
     wrapping = ("tasks", "loss")
-    widths = fitted_widths(GROUPED_COLUMNS, wrapping, rows, width)
-    table = Table(title=f"{title} ({len(tasks)} tasks, a row per kind and state)",
-                  title_justify="left", expand=False)
-    for i, column in enumerate(GROUPED_COLUMNS):
-        table.add_column(column, no_wrap=column not in wrapping,
-                         width=widths[i] if widths else None)
-    for row in rows:
-        table.add_row(*row)
-    return table
+    return table_of(f"{title} ({len(tasks)} tasks, a row per kind and state)", GROUPED_COLUMNS,
+                    wrapping, rows, fitted_widths(GROUPED_COLUMNS, wrapping, rows, width))
 
 
 def run_progress(tasks: list[TaskProgress]) -> Table | None:

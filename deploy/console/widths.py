@@ -5,6 +5,7 @@ table's right edge when it is within a few cells of fitting."""
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.table import Table
 from rich.text import Text
 
 
@@ -33,3 +34,16 @@ def fitted_widths(headers: tuple[str, ...], wrapping: tuple[str, ...], rows: lis
         fitted[i] += grow
         spare -= grow
     return fitted
+
+
+def table_of(title: str, headers: tuple[str, ...], wrapping: tuple[str, ...],
+             rows: list[list[Text]], widths: list[int] | None) -> Table:
+    """The table: only the `wrapping` columns wrap; each column as wide as `widths` says
+    (fitted_widths), or, where they are None, as rich makes it."""
+    table = Table(title=title, title_justify="left")
+    for i, header in enumerate(headers):
+        table.add_column(header, no_wrap=header not in wrapping,
+                         width=None if widths is None else widths[i])
+    for row in rows:
+        table.add_row(*row)
+    return table
