@@ -60,6 +60,18 @@ def test_max_fetch_takes_a_size_and_refuses_what_is_not_one():
             tasks.fetch_limits("--max-fetch", bad)
 
 
+def into_closed_pipe(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`argv` run with its stdout a pipe whose reader has left, as `| head -1` leaves it once
+    it has read its line; stderr captured."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(argv, cwd=cwd, stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write_end)
+
+
 def test_output_cut_short_by_a_closed_pipe_ends_quietly_with_141(tmp_path):
     """`tfdeploy --help | head -1`, `tfdeploy runs | head -1`, `inv --list | head -1` in the
     checkout: the reader is gone before the command has said all; it ends as a program SIGPIPE
@@ -70,18 +82,12 @@ def test_output_cut_short_by_a_closed_pipe_ends_quietly_with_141(tmp_path):
     runs = ["runs", "--runs-dir", str(tmp_path)]
     for program, cwd, helps in ((TFDEPLOY, tmp_path, [["--help"]]), (inv, REPO, [])):
         for args in (*helps, ["--list"], ["train", "--help"], runs):
-            read_end, write_end = os.pipe()
-            os.close(read_end)                      # head read what it wanted and left
-            try:
-                done = subprocess.run([str(program), *args], cwd=cwd, stdout=write_end,
-                                      stderr=subprocess.PIPE, text=True, timeout=120)
-            finally:
-                os.close(write_end)
+            done = into_closed_pipe([str(program), *args], cwd)
             assert done.returncode == 141, (program.name, args, done.stderr)
             assert done.stderr == "", (program.name, args, done.stderr)
 
 
-def test_a_broken_pipe_reaching_the_top_is_quiet_only_when_stdout_lost_its_reader():
+def test_a_broken_pipe_reaching_the_top_is_quiet_only_when_stdout_lost_its_reader(tmp_path):
     """closed_output_ends_quietly: Invoke's own help meeting `| head` exits 141 without a
     traceback; a BrokenPipeError of anything else (a socket's) keeps its traceback."""
     program = ("import sys; sys.path.insert(0, sys.argv[1])\n"
@@ -89,16 +95,9 @@ def test_a_broken_pipe_reaching_the_top_is_quiet_only_when_stdout_lost_its_reade
                "closed_output_ends_quietly()\n"
                "print('usage ' * 20000)\n"              # larger than a pipe's buffer
                "raise BrokenPipeError(32, 'Broken pipe')\n")
-    repo = str(REPO)
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        gone = subprocess.run([sys.executable, "-c", program, repo], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=60)
-    finally:
-        os.close(write_end)
+    argv = [sys.executable, "-c", program, str(REPO)]
+    gone = into_closed_pipe(argv, tmp_path)
     assert (gone.returncode, gone.stderr) == (141, "")
-    kept = subprocess.run([sys.executable, "-c", program, repo], capture_output=True,
-                          text=True, timeout=60)
+    kept = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert kept.returncode == 1 and "Traceback" in kept.stderr, kept.stderr
     assert "BrokenPipeError" in kept.stderr

@@ -9,8 +9,9 @@ import json
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
-from deploy.console.checkview import report_view
+from deploy.console.checkview import COLUMNS, HostRows, report_view
 from deploy.console.lines import is_tensorflow_chatter
 from deploy.host.protocol import Probe
 from deploy.inventory.model import Host
@@ -130,9 +131,6 @@ def test_the_check_at_any_width_is_a_whole_table_or_blocks_never_a_cropped_table
     """Within a few cells of fitting, rich's own narrowing cropped the table's right edge
     (the problems column's border, at 98-100 columns for one local host): now every width
     from 40 to 200 shows either the table with each line closed by its border, or blocks."""
-    from rich.text import Text
-    from deploy.console.checkview import COLUMNS, HostRows
-
     def row(host, address, ports, mesh="ok", problems="ok"):
         return [Text(v) for v in (host, address, "3.11.7", "2.21.0", "2.21.0", "2.4.6",
                                   "77.6 GiB", ports, mesh, problems)]
